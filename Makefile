@@ -1,0 +1,47 @@
+# One command sets up and runs each job. PYTHON may name another interpreter.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql lint clean
+
+$(STAMP): requirements.txt pyproject.toml
+	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
+	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q libmariadb-dev pkg-config)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -e . --no-deps
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py djlocks stress --processes 8 --iterations 100
+	$(PY) manage.py djlocks stress --processes 8 --iterations 50 --limit 3 --hold-ms 5
+	DJANGO_SUPERUSER_PASSWORD=demo $(PY) manage.py createsuperuser --noinput \
+	  --username demo --email demo@example.com 2>/dev/null || true
+	@echo "Admin: http://127.0.0.1:8000/admin/  (user demo, password demo)"
+	$(PY) manage.py runserver 127.0.0.1:8000
+
+test: setup test-sqlite test-postgresql test-mysql
+
+test-sqlite: setup
+	DJLOCKS_DB=sqlite $(PY) -m pytest
+
+test-postgresql: setup
+	DJLOCKS_DB=postgresql $(PY) -m pytest
+
+test-mysql: setup
+	DJLOCKS_DB=mysql $(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check djlocks project tests
+	$(VENV)/bin/ruff format --check djlocks project tests
+	$(VENV)/bin/mypy
+	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run djlocks
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,58 @@
+"""Backends are chosen by alias from ``DJLOCKS["BACKENDS"]``, like ``CACHES``."""
+
+from __future__ import annotations
+
+import threading
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+from djlocks.backends.base import LockBackend
+from djlocks.conf import djlocks_settings
+
+
+class BackendHandler:
+    """Builds each configured backend once per process and hands it out by alias."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backends: dict[str, LockBackend] = {}
+
+    def __getitem__(self, alias: str) -> LockBackend:
+        backend = self._backends.get(alias)
+        if backend is None:
+            with self._lock:
+                backend = self._backends.get(alias) or self._build(alias)
+                self._backends[alias] = backend
+        return backend
+
+    def _build(self, alias: str) -> LockBackend:
+        configured = djlocks_settings()["BACKENDS"]
+        if alias not in configured:
+            known = ", ".join(sorted(configured)) or "none"
+            raise ImproperlyConfigured(
+                f"No djlocks backend is configured under the alias {alias!r} "
+                f"(configured: {known}). Add it to DJLOCKS['BACKENDS']."
+            )
+        spec = configured[alias]
+        path = spec.get("BACKEND")
+        try:
+            backend_class = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"DJLOCKS['BACKENDS'][{alias!r}]['BACKEND'] = {path!r} cannot be imported: {exc}"
+            ) from exc
+        backend: LockBackend = backend_class(alias, spec.get("OPTIONS", {}))
+        return backend
+
+    def aliases(self) -> list[str]:
+        return list(djlocks_settings()["BACKENDS"])
+
+    def reset(self) -> None:
+        with self._lock:
+            for backend in self._backends.values():
+                backend.close()
+            self._backends.clear()
+
+
+backends = BackendHandler()

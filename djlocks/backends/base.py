@@ -1,0 +1,118 @@
+"""The small interface every lock store implements."""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+
+from djlocks.identity import Identity
+
+
+@dataclass(frozen=True)
+class AcquireRequest:
+    """What a caller asks for: ``limit`` slots of ``name``, leased for ``ttl`` seconds."""
+
+    name: str
+    limit: int
+    ttl: float
+    cooldown: float
+    identity: Identity
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    """The store's answer to a successful acquire."""
+
+    token: str
+    slot: int
+    fence: int
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """One live grant as the store records it."""
+
+    name: str
+    backend: str
+    slot: int
+    limit: int
+    host: str
+    pid: int
+    thread: str
+    label: str
+    since: datetime
+    expires_at: datetime | None
+    fence: int
+    token: str
+    connection_id: int | None = None
+
+
+@dataclass(frozen=True)
+class WaiterInfo:
+    """One process blocked in ``acquire`` for a name, in queue order."""
+
+    name: str
+    backend: str
+    position: int
+    host: str
+    pid: int
+    thread: str
+    label: str
+    since: datetime
+
+
+class LockBackend(ABC):
+    """A lock store. Instances are shared by every thread of a process.
+
+    ``acquire`` blocks until ``deadline`` (a ``time.monotonic()`` value, or
+    ``None`` to wait forever) and returns ``None`` when it ran out; ``abort``
+    lets another thread end the wait early (asyncio cancellation). Whatever
+    ends in an unknown state is cleaned up by token before returning.
+    """
+
+    supports_semaphore: ClassVar[bool] = True
+    supports_cooldown: ClassVar[bool] = True
+    leases: ClassVar[bool] = True
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        self.alias = alias
+        self.options = dict(options)
+
+    @abstractmethod
+    def acquire(
+        self, request: AcquireRequest, deadline: float | None, abort: threading.Event | None
+    ) -> GrantRecord | None: ...
+
+    @abstractmethod
+    def release(self, name: str, token: str, cooldown: float) -> None:
+        """End the grant ``token``; raise ``LockLost`` if it had already ended."""
+
+    @abstractmethod
+    def renew(self, name: str, token: str, ttl: float) -> datetime | None:
+        """Set the lease to expire ``ttl`` seconds from the store's now.
+
+        Returns the new expiry; raises ``LockLost`` if the grant has ended
+        (a renewal never re-claims an expired grant).
+        """
+
+    @abstractmethod
+    def is_held(self, name: str, token: str) -> bool:
+        """Ask the store whether the grant ``token`` is still live."""
+
+    @abstractmethod
+    def holders(self, name: str | None = None) -> list[HolderInfo]: ...
+
+    @abstractmethod
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]: ...
+
+    @abstractmethod
+    def force_release(self, name: str, token: str | None = None) -> int:
+        """Take grants of ``name`` away (one by ``token``, or all); return how many."""
+
+    def close(self) -> None:
+        """Drop connections this backend opened in the calling thread."""

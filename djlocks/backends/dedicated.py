@@ -1,0 +1,50 @@
+"""Connections that djlocks opens and owns, one per thread and process.
+
+A lock's statements never run on the connection Django uses for the request
+or the caller's transaction: a caller's rollback cannot undo a grant, and
+Django closing or recycling its connections cannot touch ours. A connection
+is never used across ``fork()``: a child process opens its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+OnConnect = Callable[[BaseDatabaseWrapper], None]
+
+
+class DedicatedConnections(threading.local):
+    """A private ``DatabaseWrapper`` for the database alias ``using``, per thread."""
+
+    def __init__(self, using: str, on_connect: OnConnect | None = None) -> None:
+        self.using = using
+        self.on_connect = on_connect
+        self._wrapper: BaseDatabaseWrapper | None = None
+        self._pid = 0
+
+    def get(self) -> BaseDatabaseWrapper:
+        """Return this thread's open connection, opening it if needed."""
+        if self._wrapper is None or self._pid != os.getpid():
+            template = connections[self.using]
+            self._wrapper = type(template)(dict(template.settings_dict), alias=self.using)
+            self._pid = os.getpid()
+        wrapper = self._wrapper
+        if wrapper.connection is None:
+            wrapper.ensure_connection()
+            if self.on_connect is not None:
+                self.on_connect(wrapper)
+        return wrapper
+
+    def discard(self) -> None:
+        """Close and forget this thread's connection (after an error of unknown outcome)."""
+        wrapper, self._wrapper = self._wrapper, None
+        if wrapper is not None and self._pid == os.getpid():
+            try:
+                wrapper.close()
+            except Exception:  # noqa: BLE001 - the connection is being thrown away
+                pass

@@ -1,0 +1,614 @@
+"""The lease backend: locks and semaphore slots as rows that expire.
+
+Tables (``djlocks.models``): ``djlocks_lease_slot`` holds one row per slot of a
+name (``limit`` rows, created on first use); ``djlocks_lease_waiter`` holds one
+row per waiting process, its ``id`` being its ticket in the FIFO queue.
+
+Every decision "free or expired?" is taken inside one SQL statement with the
+database's clock (``statement_timestamp()`` on PostgreSQL, ``UTC_TIMESTAMP(6)``
+on MySQL/MariaDB, ``strftime('%Y-%m-%d %H:%M:%f', 'now')`` on SQLite). Release
+and renewal are compare-and-act on the grant's random token.
+
+* A lock (limit 1) is claimed by one ``UPDATE`` that also issues the fence
+  (``fence = fence + 1``) and refuses to pass a live waiter of the queue.
+* A semaphore slot, the first use of a name and any disagreement about the
+  limit go through a short transaction that locks the name's slot rows
+  (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), so the fence is
+  one more than the largest fence of any slot of the name.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from djlocks.backends.base import (
+    AcquireRequest,
+    GrantRecord,
+    HolderInfo,
+    LockBackend,
+    WaiterInfo,
+)
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.conf import djlocks_settings
+from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
+from djlocks.keys import table_key
+
+acquire_log = logging.getLogger("djlocks.acquire")
+release_log = logging.getLogger("djlocks.release")
+renew_log = logging.getLogger("djlocks.renew")
+
+SLOTS = "djlocks_lease_slot"
+WAITERS = "djlocks_lease_waiter"
+NEWCOMER = 2**62  # the ticket of a caller that is not queued: every live waiter is ahead
+HEAD_POLL_MIN = 0.001
+HEAD_POLL_MAX = 0.02
+CLAIM_RETRIES = 20
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The few SQL fragments that differ between databases."""
+
+    now: str
+    plus_seconds: str  # the store's now plus one %s parameter, see seconds_param
+    for_update: str
+    returning: bool
+    fence_increment: str  # sets fence to fence + 1 and makes it readable
+    begin: str  # starts a transaction that serialises the claims of one name
+
+    def seconds_param(self, seconds: float) -> object:
+        if self.now.startswith("UTC_TIMESTAMP"):
+            return round(seconds * 1_000_000)
+        if self.now.startswith("strftime"):
+            return f"+{seconds:.3f} seconds"
+        return seconds
+
+
+DIALECTS = {
+    "postgresql": Dialect(
+        now="statement_timestamp()",
+        plus_seconds="statement_timestamp() + %s * interval '1 second'",
+        for_update=" FOR UPDATE",
+        returning=True,
+        fence_increment="fence = fence + 1",
+        begin="BEGIN",
+    ),
+    "mysql": Dialect(
+        now="UTC_TIMESTAMP(6)",
+        plus_seconds="UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND",
+        for_update=" FOR UPDATE",
+        returning=False,
+        # MySQL/MariaDB have no UPDATE ... RETURNING: LAST_INSERT_ID(expr) hands the
+        # new value back in the OK packet (cursor.lastrowid), in the same round trip.
+        fence_increment="fence = LAST_INSERT_ID(fence + 1)",
+        begin="START TRANSACTION",
+    ),
+    "sqlite": Dialect(
+        now="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
+        plus_seconds="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+        for_update="",
+        returning=True,
+        fence_increment="fence = fence + 1",
+        # SQLite has no row locks: IMMEDIATE takes the database's write lock up front.
+        begin="BEGIN IMMEDIATE",
+    ),
+}
+
+CONTENTION_MESSAGES = ("deadlock", "database is locked", "could not serialize", "lock wait timeout")
+
+
+class _Contention(BackendUnavailable):
+    """A claim met a deadlock, a busy database or a concurrent first use: try again."""
+
+
+def _is_contention(exc: DatabaseError) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, IntegrityError) or any(m in text for m in CONTENTION_MESSAGES)
+
+
+def _as_datetime(value: object) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        moment = value
+    else:
+        moment = parse_datetime(str(value))
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+class LeaseBackend(LockBackend):
+    """Locks and semaphores as lease rows in a Django database.
+
+    OPTIONS: ``using`` (database alias, default ``"default"``).
+    Crash release: at the TTL. Waiters queue FIFO in ``djlocks_lease_waiter``;
+    the head of the queue polls with back-off, the others poll more slowly.
+    """
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.using: str = self.options.get("using", "default")
+        self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
+        self._dialect: Dialect | None = None
+
+    # -- connections -------------------------------------------------------
+
+    @staticmethod
+    def _prepare(wrapper: BaseDatabaseWrapper) -> None:
+        if wrapper.vendor == "mysql":
+            # Fewer gap locks, so concurrent claims deadlock less often.
+            with wrapper.cursor() as cursor:
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+    @property
+    def dialect(self) -> Dialect:
+        if self._dialect is None:
+            from django.db import connections
+
+            vendor = connections[self.using].vendor
+            if vendor not in DIALECTS:
+                raise BackendUnavailable(
+                    f"The lease backend supports SQLite, PostgreSQL and MySQL/MariaDB, "
+                    f"not {vendor!r} (database alias {self.using!r})."
+                )
+            self._dialect = DIALECTS[vendor]
+        return self._dialect
+
+    def _run(self, operation: Callable[[BaseDatabaseWrapper], T], *, retry: bool = True) -> T:
+        """Run ``operation`` on this thread's dedicated connection.
+
+        A lost connection is replaced and the operation tried once more when
+        ``retry`` (every operation here is idempotent by token); other
+        database errors become ``BackendUnavailable``.
+        """
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            try:
+                wrapper = self._connections.get()
+                with wrapper.wrap_database_errors:
+                    return operation(wrapper)
+            except DatabaseError as exc:
+                if _is_contention(exc):
+                    raise _Contention(str(exc)) from exc
+                self._connections.discard()
+                if attempt + 1 < attempts:
+                    continue
+                raise BackendUnavailable(
+                    f"djlocks backend {self.alias!r} could not use database {self.using!r}: {exc}"
+                ) from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._connections.discard()
+
+    # -- acquire -----------------------------------------------------------
+
+    def acquire(
+        self, request: AcquireRequest, deadline: float | None, abort: threading.Event | None
+    ) -> GrantRecord | None:
+        key = table_key(request.name)
+        self._refuse_inside_sqlite_transaction()
+        grant = self._claim(request, key, NEWCOMER)
+        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+            return grant
+        return self._wait_in_queue(request, key, deadline, abort)
+
+    def _refuse_inside_sqlite_transaction(self) -> None:
+        from django.db import connections
+
+        caller = connections[self.using]
+        if caller.vendor == "sqlite" and caller.in_atomic_block:
+            raise BackendUnavailable(
+                "A lease on SQLite cannot be acquired inside transaction.atomic(): the "
+                "transaction already holds SQLite's single write lock, so the lease row "
+                "could never be written. Acquire the lock first, then open the transaction."
+            )
+
+    def _wait_in_queue(
+        self,
+        request: AcquireRequest,
+        key: str,
+        deadline: float | None,
+        abort: threading.Event | None,
+    ) -> GrantRecord | None:
+        waiter_ttl = float(djlocks_settings()["WAITER_TTL"])
+        slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
+        ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl))
+        acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
+        refresh_at = time.monotonic() + waiter_ttl / 3
+        head_poll = HEAD_POLL_MIN
+        try:
+            while True:
+                ahead = self._run(lambda db: self._count_ahead(db, key, ticket))
+                if ahead < request.limit:
+                    grant = self._claim(request, key, ticket)
+                    if grant is not None:
+                        return grant
+                    pause = head_poll
+                    head_poll = min(head_poll * 1.5, HEAD_POLL_MAX)
+                else:
+                    pause = min(slow_poll, HEAD_POLL_MAX * (ahead - request.limit + 1))
+                    head_poll = HEAD_POLL_MIN
+                now = time.monotonic()
+                if deadline is not None:
+                    if now >= deadline:
+                        return None
+                    pause = min(pause, deadline - now)
+                if now >= refresh_at:
+                    self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
+                    refresh_at = now + waiter_ttl / 3
+                if abort is not None:
+                    if abort.wait(pause):
+                        return None
+                else:
+                    time.sleep(pause)
+        finally:
+            self._run(lambda db: self._dequeue(db, ticket))
+
+    def _claim(self, request: AcquireRequest, key: str, ticket: int) -> GrantRecord | None:
+        """Try once to take a slot; clean up by token if the outcome is unknown."""
+        token = secrets.token_hex(16)
+        try:
+            for _ in range(CLAIM_RETRIES):
+                try:
+                    if request.limit == 1:
+                        grant = self._run(
+                            lambda db: self._claim_lock(db, request, key, ticket, token),
+                            retry=False,
+                        )
+                        if grant is not None:
+                            return grant
+                    return self._run(
+                        lambda db: self._claim_slot(db, request, key, ticket, token),
+                        retry=False,
+                    )
+                except _Contention:
+                    time.sleep(secrets.randbelow(2000) / 1_000_000)
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r}: {CLAIM_RETRIES} claims of "
+                f"{request.name!r} in a row met a deadlock or busy database."
+            )
+        except AlreadyHeld:
+            raise
+        except BaseException:
+            self._discard_token(token)
+            raise
+
+    def _discard_token(self, token: str) -> None:
+        try:
+            self._run(
+                lambda db: self._execute(
+                    db,
+                    f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE token = %s",
+                    (token,),
+                )
+            )
+        except BackendUnavailable:
+            acquire_log.warning(
+                "could not clean up token %s; it expires at its TTL", token, exc_info=True
+            )
+
+    def _claim_lock(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        token: str,
+    ) -> GrantRecord | None:
+        d = self.dialect
+        ident = request.identity
+        sql = (
+            f"UPDATE {SLOTS} SET token = %s, {d.fence_increment}, acquired_at = {d.now}, "
+            f"expires_at = {d.plus_seconds}, host = %s, pid = %s, thread = %s, label = %s "
+            f"WHERE name_key = %s AND slot = 0 AND slot_limit = 1 "
+            f"AND (token IS NULL OR expires_at <= {d.now}) "
+            f"AND (cooldown_until IS NULL OR cooldown_until <= {d.now}) "
+            f"AND NOT EXISTS (SELECT 1 FROM {WAITERS} w WHERE w.name_key = %s "
+            f"AND w.expires_at > {d.now} AND w.id < %s)"
+        )
+        params = (
+            token,
+            d.seconds_param(request.ttl),
+            ident.host,
+            ident.pid,
+            ident.thread,
+            ident.label,
+            key,
+            key,
+            ticket,
+        )
+        with closing(db.create_cursor()) as cursor:
+            if d.returning:
+                cursor.execute(sql + " RETURNING fence, expires_at", params)
+                row = cursor.fetchone()
+                if row is None:
+                    return None
+                return GrantRecord(token, 0, int(row[0]), _as_datetime(row[1]))
+            cursor.execute(sql, params)
+            if cursor.rowcount != 1:
+                return None
+            estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
+            return GrantRecord(token, 0, int(cursor.lastrowid), estimate)
+
+    def _claim_slot(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        token: str,
+    ) -> GrantRecord | None:
+        d = self.dialect
+        ident = request.identity
+        with _transaction(db, d.begin), closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT id, slot, slot_limit, fence, "
+                f"(token IS NULL OR expires_at <= {d.now}), "
+                f"(cooldown_until IS NULL OR cooldown_until <= {d.now}) "
+                f"FROM {SLOTS} WHERE name_key = %s ORDER BY slot{d.for_update}",
+                (key,),
+            )
+            rows: Sequence[Sequence[Any]] = cursor.fetchall()
+            if not rows:
+                cursor.executemany(
+                    f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, "
+                    f"label) VALUES (%s, %s, %s, %s, 0, '', '', '')",
+                    [(key, request.name, slot, request.limit) for slot in range(request.limit)],
+                )
+                rows = [(None, slot, request.limit, 0, True, True) for slot in range(request.limit)]
+                created = True
+            else:
+                created = False
+            limit = int(rows[0][2])
+            if limit != request.limit:
+                raise AlreadyHeld(
+                    f"{request.name!r} is in use with limit={limit}, and this caller asked for "
+                    f"limit={request.limit}. Every caller of a name must pass the same limit; "
+                    f"release every holder (manage.py djlocks release) before changing it."
+                )
+            cursor.execute(
+                f"SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
+                f"AND expires_at > {d.now} AND id < %s",
+                (key, ticket),
+            )
+            ahead = int(cursor.fetchone()[0])
+            free = [row for row in rows if row[4] and row[5]]
+            if len(free) <= ahead:
+                return None
+            slot = int(free[0][1])
+            fence = max(int(row[3]) for row in rows) + 1
+            cursor.execute(
+                f"UPDATE {SLOTS} SET token = %s, fence = %s, acquired_at = {d.now}, "
+                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, host = %s, pid = %s, "
+                f"thread = %s, label = %s WHERE name_key = %s AND slot = %s",
+                (
+                    token,
+                    fence,
+                    d.seconds_param(request.ttl),
+                    ident.host,
+                    ident.pid,
+                    ident.thread,
+                    ident.label,
+                    key,
+                    slot,
+                ),
+            )
+            cursor.execute(f"SELECT expires_at FROM {SLOTS} WHERE token = %s", (token,))
+            expires_at = _as_datetime(cursor.fetchone()[0])
+        if created:
+            acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
+        return GrantRecord(token, slot, fence, expires_at)
+
+    # -- the waiters' queue ------------------------------------------------
+
+    def _enqueue(
+        self, db: BaseDatabaseWrapper, request: AcquireRequest, key: str, waiter_ttl: float
+    ) -> int:
+        d = self.dialect
+        ident = request.identity
+        sql = (
+            f"INSERT INTO {WAITERS} (name_key, name, host, pid, thread, label, since, expires_at) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds})"
+        )
+        params = (
+            key,
+            request.name,
+            ident.host,
+            ident.pid,
+            ident.thread,
+            ident.label,
+            d.seconds_param(waiter_ttl),
+        )
+        with closing(db.create_cursor()) as cursor:
+            if db.vendor == "postgresql":
+                cursor.execute(sql + " RETURNING id", params)
+                return int(cursor.fetchone()[0])
+            cursor.execute(sql, params)
+            return int(cursor.lastrowid)
+
+    def _count_ahead(self, db: BaseDatabaseWrapper, key: str, ticket: int) -> int:
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
+                f"AND expires_at > {self.dialect.now} AND id < %s",
+                (key, ticket),
+            )
+            return int(cursor.fetchone()[0])
+
+    def _refresh_waiter(self, db: BaseDatabaseWrapper, ticket: int, waiter_ttl: float) -> None:
+        self._execute(
+            db,
+            f"UPDATE {WAITERS} SET expires_at = {self.dialect.plus_seconds} WHERE id = %s",
+            (self.dialect.seconds_param(waiter_ttl), ticket),
+        )
+
+    def _dequeue(self, db: BaseDatabaseWrapper, ticket: int) -> None:
+        self._execute(db, f"DELETE FROM {WAITERS} WHERE id = %s", (ticket,))
+
+    @staticmethod
+    def _execute(db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    # -- release, renew, check ---------------------------------------------
+
+    def release(self, name: str, token: str, cooldown: float) -> None:
+        d = self.dialect
+        released = self._run(
+            lambda db: self._execute(
+                db,
+                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+                f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}",
+                (d.seconds_param(cooldown), token),
+            )
+        )
+        if released == 1:
+            release_log.debug("released %s", name)
+            return
+        expired = self._run(
+            lambda db: self._execute(
+                db,
+                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE token = %s",
+                (token,),
+            )
+        )
+        reason = "its lease expired" if expired else "it was released by force or taken over"
+        raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
+
+    def renew(self, name: str, token: str, ttl: float) -> datetime | None:
+        d = self.dialect
+
+        def extend(db: BaseDatabaseWrapper) -> tuple[int, datetime | None]:
+            sql = (
+                f"UPDATE {SLOTS} SET expires_at = {d.plus_seconds} "
+                f"WHERE token = %s AND expires_at > {d.now}"
+            )
+            params = (d.seconds_param(ttl), token)
+            with closing(db.create_cursor()) as cursor:
+                if d.returning:
+                    cursor.execute(sql + " RETURNING expires_at", params)
+                    row = cursor.fetchone()
+                    return (0, None) if row is None else (1, _as_datetime(row[0]))
+                cursor.execute(sql, params)
+                estimate = datetime.now(UTC) + timedelta(seconds=ttl)  # wall clock ok
+                return int(cursor.rowcount), estimate
+
+        renewed, expires_at = self._run(extend)
+        if renewed != 1:
+            raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
+        renew_log.debug("renewed %s until %s", name, expires_at)
+        return expires_at
+
+    def is_held(self, name: str, token: str) -> bool:
+        def held(db: BaseDatabaseWrapper) -> bool:
+            with closing(db.create_cursor()) as cursor:
+                cursor.execute(
+                    f"SELECT 1 FROM {SLOTS} WHERE token = %s AND expires_at > {self.dialect.now}",
+                    (token,),
+                )
+                return cursor.fetchone() is not None
+
+        return self._run(held)
+
+    # -- introspection and forced release ----------------------------------
+
+    def holders(self, name: str | None = None) -> list[HolderInfo]:
+        from djlocks.models import LeaseSlot
+
+        live = LeaseSlot.objects.using(self.using).filter(
+            token__isnull=False, expires_at__gt=_db_now(self.using)
+        )
+        if name is not None:
+            live = live.filter(key=table_key(name))
+        return [
+            HolderInfo(
+                name=row.name,
+                backend=self.alias,
+                slot=row.slot,
+                limit=row.limit,
+                host=row.host,
+                pid=row.pid or 0,
+                thread=row.thread,
+                label=row.label,
+                since=row.acquired_at or row.expires_at,
+                expires_at=row.expires_at,
+                fence=row.fence,
+                token=row.token or "",
+            )
+            for row in live.order_by("name", "slot")
+            if row.expires_at is not None
+        ]
+
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        from djlocks.models import LeaseWaiter
+
+        live = LeaseWaiter.objects.using(self.using).filter(expires_at__gt=_db_now(self.using))
+        if name is not None:
+            live = live.filter(key=table_key(name))
+        positions: dict[str, int] = {}
+        waiting = []
+        for row in live.order_by("name", "id"):
+            position = positions.get(row.key, 0)
+            positions[row.key] = position + 1
+            waiting.append(
+                WaiterInfo(
+                    name=row.name,
+                    backend=self.alias,
+                    position=position,
+                    host=row.host,
+                    pid=row.pid,
+                    thread=row.thread,
+                    label=row.label,
+                    since=row.since,
+                )
+            )
+        return waiting
+
+    def force_release(self, name: str, token: str | None = None) -> int:
+        sql = f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE name_key = %s"
+        params: tuple[str, ...] = (table_key(name),)
+        if token is not None:
+            sql += " AND token = %s"
+            params += (token,)
+        else:
+            sql += " AND token IS NOT NULL"
+        return self._run(lambda db: self._execute(db, sql, params))
+
+
+@contextmanager
+def _transaction(db: BaseDatabaseWrapper, begin: str) -> Iterator[None]:
+    """A transaction on the dedicated connection ``db``, which is otherwise in autocommit."""
+    with closing(db.create_cursor()) as cursor:
+        cursor.execute(begin, ())
+        try:
+            yield
+        except BaseException:
+            cursor.execute("ROLLBACK", ())
+            raise
+        cursor.execute("COMMIT", ())
+
+
+def _db_now(using: str) -> datetime:
+    """The database's current time (UTC), for introspection queries."""
+    from django.db import connections
+
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT {DIALECTS[connections[using].vendor].now}", ())
+        moment = _as_datetime(cursor.fetchone()[0])
+    assert moment is not None
+    return moment

@@ -1,0 +1,92 @@
+"""System checks (ids ``djlocks.E001``...): malformed settings, unknown backends,
+and a lease backend that other processes could not see."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Tags, register
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from djlocks.conf import djlocks_settings
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid."""
+    configured = djlocks_settings()
+    errors: list[CheckMessage] = []
+    aliases = configured["BACKENDS"]
+    if not isinstance(aliases, dict) or not aliases:
+        return [
+            Error(
+                "DJLOCKS['BACKENDS'] must be a non-empty dict of alias -> backend spec.",
+                hint="See the README: {'default': {'BACKEND': "
+                "'djlocks.backends.lease.LeaseBackend', 'OPTIONS': {'using': 'default'}}}.",
+                id="djlocks.E001",
+            )
+        ]
+    for alias, spec in aliases.items():
+        if not isinstance(spec, dict) or "BACKEND" not in spec:
+            errors.append(
+                Error(
+                    f"DJLOCKS['BACKENDS'][{alias!r}] must be a dict with a 'BACKEND' key.",
+                    hint="Give the dotted path of a backend class, as in CACHES.",
+                    id="djlocks.E001",
+                )
+            )
+            continue
+        try:
+            import_string(spec["BACKEND"])
+        except ImportError as exc:
+            errors.append(
+                Error(
+                    f"DJLOCKS['BACKENDS'][{alias!r}]['BACKEND'] cannot be imported: {exc}",
+                    hint="Check the dotted path, e.g. 'djlocks.backends.lease.LeaseBackend'.",
+                    id="djlocks.E002",
+                )
+            )
+    ttl = configured["TTL"]
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0.3 <= ttl < float("inf"):
+        errors.append(
+            Error(
+                f"DJLOCKS['TTL'] must be a finite number of seconds >= 0.3, not {ttl!r}.",
+                hint="The default is 60.",
+                id="djlocks.E003",
+            )
+        )
+    return errors
+
+
+@register(Tags.database)
+def check_lease_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E004: a lease backend on an in-memory SQLite database, invisible to other processes."""
+    errors: list[CheckMessage] = []
+    for alias, spec in djlocks_settings()["BACKENDS"].items():
+        if not isinstance(spec, dict) or not str(spec.get("BACKEND", "")).endswith(
+            "LeaseBackend"
+        ):
+            continue
+        using = spec.get("OPTIONS", {}).get("using", "default")
+        if using not in connections:
+            errors.append(
+                Error(
+                    f"djlocks backend {alias!r} uses database {using!r}, which is not in "
+                    "DATABASES.",
+                    hint="Set OPTIONS['using'] to a database alias.",
+                    id="djlocks.E005",
+                )
+            )
+            continue
+        connection = connections[using]
+        if connection.vendor == "sqlite" and connection.is_in_memory_db():
+            errors.append(
+                Error(
+                    f"djlocks backend {alias!r} keeps its leases in an in-memory SQLite "
+                    f"database ({using!r}); other processes cannot see it, so it locks nothing.",
+                    hint="Use a file database (NAME = a path), with WAL and a busy timeout.",
+                    id="djlocks.E004",
+                )
+            )
+    return errors

@@ -1,0 +1,55 @@
+"""The ``DJLOCKS`` setting, read through a cached accessor.
+
+Keys and defaults (all optional):
+
+``BACKENDS``
+    Aliases to backend specs, like ``CACHES``. Default: ``{"default": {"BACKEND":
+    "djlocks.backends.lease.LeaseBackend", "OPTIONS": {"using": "default"}}}``.
+``TTL``
+    Default lease length in seconds (60).
+``KEY_PREFIX``
+    Prefix of keys in key-value stores ("djlocks").
+``POLL_INTERVAL``
+    Longest sleep, in seconds, of a waiter that is not at the head of the queue (0.25).
+``WAITER_TTL``
+    Seconds after which a waiter record of a process that stopped refreshing it
+    is ignored (10).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULT_BACKEND = {
+    "BACKEND": "djlocks.backends.lease.LeaseBackend",
+    "OPTIONS": {"using": "default"},
+}
+
+DEFAULTS: dict[str, Any] = {
+    "BACKENDS": {"default": DEFAULT_BACKEND},
+    "TTL": 60,
+    "KEY_PREFIX": "djlocks",
+    "POLL_INTERVAL": 0.25,
+    "WAITER_TTL": 10,
+}
+
+
+@cache
+def djlocks_settings() -> dict[str, Any]:
+    """Return ``DJLOCKS`` merged over the defaults (cached until the setting changes)."""
+    configured = getattr(settings, "DJLOCKS", {}) or {}
+    return {**DEFAULTS, **configured}
+
+
+@receiver(setting_changed)
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DJLOCKS":
+        djlocks_settings.cache_clear()
+        from djlocks.backends import backends
+
+        backends.reset()

@@ -1,0 +1,319 @@
+"""``Lock`` and ``Semaphore``: one object that is a context manager, a decorator
+and a ``threading.Lock``-like handle."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from asgiref.sync import sync_to_async
+
+from djlocks.arguments import (
+    Seconds,
+    normalize_cooldown,
+    normalize_timeout,
+    normalize_ttl,
+    validate_limit,
+    validate_name,
+)
+from djlocks.backends import backends
+from djlocks.backends.base import AcquireRequest, LockBackend
+from djlocks.conf import djlocks_settings
+from djlocks.exceptions import LockLost, NotAcquired, NotHeld
+from djlocks.grant import Grant
+from djlocks.heartbeat import heartbeat
+from djlocks.identity import current_identity
+
+acquire_log = logging.getLogger("djlocks.acquire")
+release_log = logging.getLogger("djlocks.release")
+
+F = TypeVar("F", bound=Callable[..., Any])
+_USE_SPEC = object()  # "use the timeout given to the spec"
+LostCallback = Callable[[Grant, str], None]
+
+
+def _holder_key() -> tuple[int, int]:
+    """Grants are held per thread and, within a thread, per asyncio task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        task = None
+    return threading.get_ident(), id(task)
+
+
+class Lock:
+    """A named lock shared by every process that uses the same backend.
+
+    A spec: ``__init__`` does no I/O, so a ``Lock`` can be built at import time
+    and shared between threads; each acquire's state lives in its ``Grant``.
+
+    Arguments:
+        name: non-empty ``str`` of at most 255 characters. ``None`` is allowed
+            only for the decorator form, which then uses ``module.qualname``.
+        timeout: seconds to wait (int, float or ``timedelta``); ``None`` waits
+            forever, ``0`` tries once.
+        ttl: lease length in seconds for lease backends; default
+            ``DJLOCKS["TTL"]``. Renewed every ttl/3 while held unless ``renew=False``.
+        cooldown: seconds the slot stays unavailable after release (scenario S4).
+        backend: an alias of ``DJLOCKS["BACKENDS"]``.
+        label: free text shown to operators; default the process's command line.
+        on_lost: called as ``on_lost(grant, reason)`` when the grant is lost.
+
+    Raises ``ValueError``/``TypeError`` for bad arguments at construction, and
+    ``ImproperlyConfigured`` for an unknown backend alias at first use.
+    Not re-entrant: a second acquire in the same thread waits like any other
+    process would.
+    """
+
+    limit = 1
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        timeout: Seconds | None = None,
+        ttl: Seconds | None = None,
+        cooldown: Seconds = 0,
+        backend: str = "default",
+        label: str | None = None,
+        renew: bool = True,
+        on_lost: LostCallback | None = None,
+    ) -> None:
+        self._name = None if name is None else validate_name(name)
+        self.timeout = normalize_timeout(timeout)
+        self._ttl = None if ttl is None else normalize_ttl(ttl)
+        self.cooldown = normalize_cooldown(cooldown)
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(f"backend must be an alias of DJLOCKS['BACKENDS'], not {backend!r}.")
+        self.backend_alias = backend
+        self.label = label
+        self.renew = renew
+        self.on_lost = on_lost
+        self._held: dict[tuple[int, int], list[Grant]] = {}
+        self._held_guard = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._name!r} backend={self.backend_alias!r}>"
+
+    @property
+    def name(self) -> str:
+        if self._name is None:
+            raise ValueError(
+                "This lock has no name: pass one, e.g. Lock('reports:nightly'); only the "
+                "decorator form can default the name to the function's module.qualname."
+            )
+        return self._name
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl if self._ttl is not None else normalize_ttl(djlocks_settings()["TTL"])
+
+    @property
+    def backend(self) -> LockBackend:
+        return backends[self.backend_alias]
+
+    def _with_name(self, name: str) -> Lock:
+        clone = cast(Lock, object.__new__(type(self)))
+        clone.__dict__.update(self.__dict__)
+        clone._name = validate_name(name)
+        clone._held = {}
+        clone._held_guard = threading.Lock()
+        return clone
+
+    # -- threading.Lock-like handle ------------------------------------------
+
+    def acquire(self, blocking: bool = True, timeout: Any = _USE_SPEC) -> bool:
+        """Wait for the lock (or a slot); return ``True`` if granted, ``False`` on time-out.
+
+        ``timeout`` overrides the spec's (seconds; ``None`` forever; ``0`` once);
+        ``blocking=False`` is ``timeout=0``. Raises ``BackendUnavailable`` when
+        the store cannot be reached, ``AlreadyHeld`` on a ``limit`` mismatch.
+        """
+        return self._acquire_grant(blocking, timeout, abort=None) is not None
+
+    def _acquire_grant(
+        self, blocking: bool, timeout: Any, abort: threading.Event | None
+    ) -> Grant | None:
+        wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
+        if not blocking:
+            wait = 0.0
+        started = time.monotonic()
+        deadline = None if wait is None else started + wait
+        ttl = self.ttl
+        backend = self.backend
+        request = AcquireRequest(
+            name=self.name,
+            limit=self.limit,
+            ttl=ttl,
+            cooldown=self.cooldown,
+            identity=current_identity(self.label),
+        )
+        record = backend.acquire(request, deadline, abort)
+        if record is None:
+            acquire_log.debug("not acquired %s within %s s", self.name, wait)
+            return None
+        grant = Grant(self, backend, record, ttl, started, self.on_lost)
+        if backend.leases and self.renew:
+            heartbeat.add(grant)
+        with self._held_guard:
+            self._held.setdefault(_holder_key(), []).append(grant)
+        acquire_log.debug("acquired %s slot %s fence %s", self.name, grant.slot, grant.fence)
+        return grant
+
+    def release(self) -> None:
+        """Release the most recent grant this thread (or task) holds through this handle.
+
+        Raises ``NotHeld`` if it holds none, and ``LockLost`` if the grant had
+        already ended (the lease expired or was released by force); the slot
+        is free either way afterwards.
+        """
+        with self._held_guard:
+            stack = self._held.get(_holder_key())
+            if not stack:
+                raise NotHeld(f"{self!r} is not held by this thread or task.")
+            grant = stack.pop()
+            if not stack:
+                del self._held[_holder_key()]
+        self._release_grant(grant)
+
+    def _release_grant(self, grant: Grant) -> None:
+        heartbeat.discard(grant)
+        lost_earlier = grant.begin_release()
+        try:
+            grant.backend.release(grant.name, grant.token, self.cooldown)
+        except LockLost as exc:
+            grant.mark_lost(str(exc), by_release=True)
+            raise
+        if lost_earlier is not None:
+            raise LockLost(f"The grant of {grant.name!r} was lost before release: {lost_earlier}.")
+        release_log.debug("released %s fence %s", grant.name, grant.fence)
+
+    def locked(self) -> bool:
+        """True if any holder holds the name now (asks the store)."""
+        return bool(self.backend.holders(self.name))
+
+    # -- context manager -----------------------------------------------------
+
+    def __enter__(self) -> Grant:
+        grant = self._acquire_grant(True, _USE_SPEC, abort=None)
+        if grant is None:
+            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
+        return grant
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Grant:
+        abort = threading.Event()
+        attempt = asyncio.ensure_future(
+            sync_to_async(self._acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)
+        )
+        try:
+            grant = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            abort.set()
+            late = await attempt
+            if late is not None:
+                await sync_to_async(self._release_late, thread_sensitive=False)(late)
+            raise
+        if grant is None:
+            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
+        self._move_to_current_task(grant)
+        return grant
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        grant = self._pop_current(NotHeld)
+        await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
+
+    def _release_late(self, grant: Grant) -> None:
+        """Release a grant that arrived after its acquire was cancelled."""
+        with self._held_guard:
+            for stack in self._held.values():
+                if grant in stack:
+                    stack.remove(grant)
+        self._held = {key: stack for key, stack in self._held.items() if stack}
+        self._release_grant(grant)
+
+    def _move_to_current_task(self, grant: Grant) -> None:
+        with self._held_guard:
+            for key, stack in list(self._held.items()):
+                if grant in stack:
+                    stack.remove(grant)
+                    if not stack:
+                        del self._held[key]
+            self._held.setdefault(_holder_key(), []).append(grant)
+
+    def _pop_current(self, error: type[Exception]) -> Grant:
+        with self._held_guard:
+            stack = self._held.get(_holder_key())
+            if not stack:
+                raise error(f"{self!r} is not held by this task.")
+            grant = stack.pop()
+            if not stack:
+                del self._held[_holder_key()]
+            return grant
+
+    # -- decorator -----------------------------------------------------------
+
+    def __call__(self, func: F) -> F:
+        """Decorate ``func`` so each call runs while holding the lock.
+
+        Raises ``NotAcquired`` from the call when the lock is not granted in time.
+        """
+        spec = self if self._name is not None else self._with_name(
+            f"{func.__module__}.{func.__qualname__}"
+        )
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_locked(*args: Any, **kwargs: Any) -> Any:
+                async with spec:
+                    return await func(*args, **kwargs)
+
+            return cast(F, async_locked)
+
+        @functools.wraps(func)
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with spec:
+                return func(*args, **kwargs)
+
+        return cast(F, locked)
+
+
+class Semaphore(Lock):
+    """At most ``limit`` holders of ``name`` at once, across every process.
+
+    Each holder gets one slot, its own lease with its own fence. Every caller
+    of a name must pass the same ``limit``; a mismatch raises ``AlreadyHeld``.
+    Other arguments as for ``Lock``.
+    """
+
+    def __init__(self, name: str | None = None, *, limit: int, **options: Any) -> None:
+        super().__init__(name, **options)
+        self.limit = validate_limit(limit)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Semaphore {self._name!r} limit={self.limit} backend={self.backend_alias!r}>"
+        )
+
+
+def db_lock(name: str | Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Build a ``Lock``: ``with db_lock("x", timeout=10) as grant:`` or ``@db_lock("x")``.
+
+    ``@db_lock`` with no arguments names the lock after the function.
+    """
+    if callable(name):
+        return Lock(None, **options)(name)
+    return Lock(name, **options)
+
+
+def db_semaphore(name: str | None = None, *, limit: int, **options: Any) -> Semaphore:
+    """Build a ``Semaphore``: ``with db_semaphore("pdf-render", limit=5, ttl=60, timeout=30):``."""
+    return Semaphore(name, limit=limit, **options)

@@ -1,0 +1,31 @@
+"""The exception tree: every lock-state failure is a :class:`LockError`."""
+
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Base class of every error djlocks raises about a lock's state."""
+
+
+class NotAcquired(LockError):
+    """The lock or a semaphore slot was not granted before the timeout ran out."""
+
+
+class NotHeld(LockError):
+    """``release()`` was called through a handle that holds nothing."""
+
+
+class AlreadyHeld(LockError):
+    """The name is in use with different parameters (for example another ``limit``)."""
+
+
+class LockLost(LockError):
+    """The grant ended without its holder's release.
+
+    Raised by ``check()``, ``release()`` and renewal when the lease expired,
+    an operator forced a release, or the store's session ended.
+    """
+
+
+class BackendUnavailable(LockError):
+    """The lock store could not be reached; the message names the store and the cause."""

@@ -1,0 +1,122 @@
+"""The grant: what one successful acquire hands back to its holder."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from djlocks.backends.base import GrantRecord, LockBackend
+from djlocks.exceptions import LockLost
+from djlocks.signals import lock_lost
+
+if TYPE_CHECKING:
+    from djlocks.core import Lock
+
+lost_log = logging.getLogger("djlocks.lost")
+
+#: A holder stops believing this share of the TTL before the lease's end (G2).
+BELIEF_MARGIN = 0.1
+
+
+class Grant:
+    """A live grant of one slot of a name.
+
+    ``fence`` (int) is strictly greater than every fence handed out earlier for
+    the name; pass it to the protected resource (see ``djlocks.fencing``).
+    ``expires_at`` is the lease's expiry (an aware ``datetime``, refreshed by
+    each renewal) or ``None`` for grants that end with a session or transaction.
+    """
+
+    def __init__(
+        self,
+        spec: Lock,
+        backend: LockBackend,
+        record: GrantRecord,
+        ttl: float,
+        acquire_started: float,
+        on_lost: Callable[[Grant, str], None] | None,
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.backend = backend
+        self.token = record.token
+        self.slot = record.slot
+        self.fence = record.fence
+        self.expires_at: datetime | None = record.expires_at
+        self.ttl = ttl
+        self._on_lost = on_lost
+        self._guard = threading.Lock()
+        self._believe_until = acquire_started + ttl * (1 - BELIEF_MARGIN)
+        self._lost_reason: str | None = None
+        self._released = False
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost_reason else "released" if self._released else "held"
+        return f"<Grant {self.name!r} slot={self.slot} fence={self.fence} {state}>"
+
+    @property
+    def believed(self) -> bool:
+        """True while the holder may believe it holds the grant, by the local monotonic clock.
+
+        False after the lease's TTL (less a margin) ran out without a renewal,
+        after a loss was detected, and after release. No I/O.
+        """
+        with self._guard:
+            return (
+                not self._released
+                and self._lost_reason is None
+                and time.monotonic() < self._believe_until
+            )
+
+    def check(self) -> None:
+        """Raise ``LockLost`` unless the grant is still live.
+
+        Asks the store (one round trip), so a forced release or a lease that
+        another holder took over is seen at once, not only at the next renewal.
+        """
+        if self._released:
+            raise LockLost(f"The grant of {self.name!r} was released.")
+        if self._lost_reason is None and time.monotonic() >= self._believe_until:
+            self.mark_lost("its lease ran out without a successful renewal")
+        elif self._lost_reason is None and not self.backend.is_held(self.name, self.token):
+            self.mark_lost("the store no longer has it (expired or released by force)")
+        if self._lost_reason is not None:
+            raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
+
+    def renewed(self, renewal_started: float, expires_at: datetime | None) -> None:
+        """Record a successful renewal that was sent at ``renewal_started`` (monotonic)."""
+        with self._guard:
+            self._believe_until = renewal_started + self.ttl * (1 - BELIEF_MARGIN)
+            self.expires_at = expires_at
+
+    def believe_until(self) -> float:
+        return self._believe_until
+
+    def mark_lost(self, reason: str, *, by_release: bool = False) -> None:
+        """Note that the grant ended without release; tell listeners once.
+
+        Once release has begun only the release itself may report a loss, so a
+        renewal that races with the release cannot raise a false alarm.
+        """
+        with self._guard:
+            if self._lost_reason is not None or (self._released and not by_release):
+                return
+            self._lost_reason = reason
+        lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
+        lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=reason)
+        if self._on_lost is not None:
+            self._on_lost(self, reason)
+
+    @property
+    def lost_reason(self) -> str | None:
+        return self._lost_reason
+
+    def begin_release(self) -> str | None:
+        """Stop renewals from reporting; return the loss reason seen before, if any."""
+        with self._guard:
+            self._released = True
+            return self._lost_reason

@@ -1,0 +1,63 @@
+"""Tables of the lease backend (see the README's "How it works")."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class LeaseSlot(models.Model):
+    """One slot of a lock (slot 0 only) or semaphore (slots 0 .. limit-1).
+
+    A slot is held while ``token`` is set and ``expires_at`` lies in the future
+    by the database's clock. Rows are created on first use and kept: ``fence``
+    remembers the last fence issued on the slot, ``cooldown_until`` when the
+    slot may be granted again after a release.
+    """
+
+    key = models.CharField(
+        max_length=64, db_column="name_key", help_text="SHA-256 of the name (djlocks.keys)."
+    )
+    name = models.CharField(max_length=255)
+    slot = models.PositiveIntegerField()
+    limit = models.PositiveIntegerField(db_column="slot_limit")
+    token = models.CharField(max_length=32, null=True, blank=True, unique=True)
+    fence = models.BigIntegerField(default=0)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    cooldown_until = models.DateTimeField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=100, blank=True, default="")
+    label = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "djlocks_lease_slot"
+        constraints = [models.UniqueConstraint(fields=["key", "slot"], name="djlocks_slot_key")]
+        permissions = [("force_release", "Can force the release of a lock")]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.slot}]"
+
+
+class LeaseWaiter(models.Model):
+    """A process waiting for a lease name; ``id`` is its ticket in the FIFO queue.
+
+    The waiter refreshes ``expires_at`` while it waits; a record whose expiry
+    has passed belongs to a process that died and is ignored.
+    """
+
+    key = models.CharField(max_length=64, db_column="name_key")
+    name = models.CharField(max_length=255)
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField()
+    thread = models.CharField(max_length=100, blank=True, default="")
+    label = models.CharField(max_length=255, blank=True, default="")
+    since = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "djlocks_lease_waiter"
+        indexes = [models.Index(fields=["key", "id"], name="djlocks_waiter_queue")]
+
+    def __str__(self) -> str:
+        return f"{self.name} waiter #{self.pk}"
