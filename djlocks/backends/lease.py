@@ -52,8 +52,9 @@ renew_log = logging.getLogger("djlocks.renew")
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
 NEWCOMER = 2**62  # the ticket of a caller that is not queued: every live waiter is ahead
-HEAD_POLL_MIN = 0.001
-HEAD_POLL_MAX = 0.02
+HEAD_POLL_MIN = 0.001  # seconds; the head of the queue polls from here ...
+HEAD_POLL_MAX = 0.004  # ... backing off to here
+QUEUE_POLL_STEP = 0.005  # a waiter k places behind the next-in-line polls every k steps
 CLAIM_RETRIES = 20
 
 T = TypeVar("T")
@@ -240,7 +241,10 @@ class LeaseBackend(LockBackend):
                     pause = head_poll
                     head_poll = min(head_poll * 1.5, HEAD_POLL_MAX)
                 else:
-                    pause = min(slow_poll, HEAD_POLL_MAX * (ahead - request.limit + 1))
+                    # The next in line polls as often as the head, so it notices at
+                    # once when it moves up; everyone further back polls less often.
+                    behind = ahead - request.limit
+                    pause = HEAD_POLL_MAX if behind == 0 else min(slow_poll, QUEUE_POLL_STEP * behind)
                     head_poll = HEAD_POLL_MIN
                 now = time.monotonic()
                 if deadline is not None:
@@ -374,7 +378,9 @@ class LeaseBackend(LockBackend):
             else:
                 created = False
             limit = int(rows[0][2])
-            if limit != request.limit:
+            if limit != request.limit and all(row[4] for row in rows):
+                rows = self._reshape(cursor, request, key, rows)
+            elif limit != request.limit:
                 raise AlreadyHeld(
                     f"{request.name!r} is in use with limit={limit}, and this caller asked for "
                     f"limit={request.limit}. Every caller of a name must pass the same limit; "
@@ -412,6 +418,28 @@ class LeaseBackend(LockBackend):
         if created:
             acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
         return GrantRecord(token, slot, fence, expires_at)
+
+    def _reshape(
+        self, cursor: Any, request: AcquireRequest, key: str, rows: Sequence[Sequence[Any]]
+    ) -> list[tuple[Any, ...]]:
+        """Give an unheld name ``request.limit`` slots; fences continue from the largest."""
+        fence = max(int(row[3]) for row in rows)
+        cursor.execute(f"DELETE FROM {SLOTS} WHERE name_key = %s AND slot >= %s", (key, request.limit))
+        cursor.execute(
+            f"UPDATE {SLOTS} SET slot_limit = %s, fence = %s WHERE name_key = %s",
+            (request.limit, fence, key),
+        )
+        cursor.executemany(
+            f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, label) "
+            f"VALUES (%s, %s, %s, %s, %s, '', '', '')",
+            [(key, request.name, slot, request.limit, fence) for slot in range(len(rows), request.limit)],
+        )
+        acquire_log.info("%s now has %s slot(s)", request.name, request.limit)
+        kept = {int(row[1]): row for row in rows}
+        return [
+            (None, slot, request.limit, fence, True, bool(kept[slot][5]) if slot in kept else True)
+            for slot in range(request.limit)
+        ]
 
     # -- the waiters' queue ------------------------------------------------
 

@@ -1,0 +1,212 @@
+"""The strength test (scenario S9), shared by ``manage.py djlocks stress`` and the tests.
+
+K worker processes (started with ``spawn``, each calling ``django.setup()``)
+loop M times: acquire, read a counter from a file outside the lock store,
+pause, write it + 1, release. Each slot of a semaphore has its own counter
+file, so the oracle holds for semaphores too: two holders of one slot would
+lose an update. Every believed-hold interval is recorded on the monotonic
+clock (system-wide on Linux) and checked for overlaps afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StressPlan:
+    backend: str
+    processes: int
+    iterations: int
+    limit: int = 1
+    hold_ms: float = 0.0
+    ttl: float = 30.0
+    name: str = "djlocks:stress"
+    kill: int = 0  # how many workers are SIGKILLed while holding (they never release)
+
+
+@dataclass
+class StressResult:
+    backend: str
+    processes: int
+    iterations: int
+    limit: int
+    expected: int
+    counter: int
+    overlaps: int
+    max_concurrent: int
+    ops_per_s: float
+    handoff_ms_p50: float | None
+    handoff_ms_p99: float | None
+    fences_increase: bool
+    killed: int
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.counter == self.expected
+            and self.overlaps == 0
+            and self.max_concurrent <= self.limit
+            and self.fences_increase
+            and not self.errors
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _worker(
+    plan: StressPlan,
+    worker: int,
+    database_names: dict[str, str],
+    workdir: str,
+    start: Any,
+    victim: bool,
+) -> None:
+    """Body of one spawned worker process (see the module docstring)."""
+    import django
+    from django.conf import settings
+
+    for alias, name in database_names.items():
+        settings.DATABASES[alias]["NAME"] = name
+    django.setup()
+    from djlocks import Lock, Semaphore
+
+    spec: Lock = (
+        Lock(plan.name, ttl=plan.ttl, backend=plan.backend, label=f"stress worker {worker}")
+        if plan.limit == 1
+        else Semaphore(
+            plan.name,
+            limit=plan.limit,
+            ttl=plan.ttl,
+            backend=plan.backend,
+            label=f"stress worker {worker}",
+        )
+    )
+    log = Path(workdir, f"worker-{worker}.jsonl").open("a", buffering=1)
+    start.wait()
+    for iteration in range(plan.iterations):
+        grant = spec.__enter__()
+        began = time.monotonic_ns()
+        counter = Path(workdir, f"counter-{grant.slot}")
+        value = int(counter.read_text() or 0) if counter.exists() else 0
+        if victim and iteration == plan.iterations // 2:
+            os.kill(os.getpid(), 9)  # dies holding the grant: the lease must expire
+        if plan.hold_ms:
+            time.sleep(random.uniform(0, 2 * plan.hold_ms) / 1000)
+        else:
+            os.sched_yield()
+        counter.write_text(str(value + 1))
+        ended = time.monotonic_ns()
+        spec.__exit__(None, None, None)
+        record = {"start": began, "end": ended, "fence": grant.fence, "slot": grant.slot}
+        log.write(json.dumps(record) + "\n")
+    log.close()
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> StressResult:
+    """Apply the oracles to recorded believed-hold intervals (nanoseconds, monotonic)."""
+    ordered = sorted(intervals, key=lambda interval: interval["start"])
+    events = sorted(
+        [(i["start"], 1) for i in ordered] + [(i["end"], -1) for i in ordered],
+        key=lambda event: (event[0], event[1]),
+    )
+    concurrent = max_concurrent = overlaps = 0
+    for _, step in events:
+        concurrent += step
+        if step == 1 and concurrent > plan.limit:
+            overlaps += 1
+        max_concurrent = max(max_concurrent, concurrent)
+    handoffs = []
+    if plan.limit == 1:
+        handoffs = [
+            (after["start"] - before["end"]) / 1e6
+            for before, after in zip(ordered, ordered[1:], strict=False)
+            if after["start"] >= before["end"]
+        ]
+    fences = [interval["fence"] for interval in ordered]
+    by_slot: dict[int, list[int]] = {}
+    for interval in ordered:
+        by_slot.setdefault(interval["slot"], []).append(interval["fence"])
+    # Holders of one slot follow each other, so their fences must rise in start
+    # order; across slots a fence is never handed out twice.
+    fences_increase = len(set(fences)) == len(fences) and all(
+        a < b for slot_fences in by_slot.values() for a, b in zip(slot_fences, slot_fences[1:], strict=False)
+    )
+    span = (ordered[-1]["end"] - ordered[0]["start"]) / 1e9 if ordered else 0.0
+    completed = plan.processes * plan.iterations - plan.kill * (plan.iterations - plan.iterations // 2)
+    return StressResult(
+        backend=plan.backend,
+        processes=plan.processes,
+        iterations=plan.iterations,
+        limit=plan.limit,
+        expected=completed,
+        counter=counter,
+        overlaps=overlaps,
+        max_concurrent=max_concurrent,
+        ops_per_s=round(len(ordered) / span, 1) if span else 0.0,
+        handoff_ms_p50=_round(statistics.median(handoffs)) if handoffs else None,
+        handoff_ms_p99=_round(_percentile(handoffs, 0.99)),
+        fences_increase=fences_increase,
+        killed=plan.kill,
+    )
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
+    """Run the strength test with real processes against the configured store."""
+    from django.db import connections
+
+    database_names = {
+        alias: str(connections[alias].settings_dict["NAME"]) for alias in connections
+    }
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    with tempfile.TemporaryDirectory(prefix="djlocks-stress-") as workdir:
+        workers = [
+            context.Process(
+                target=_worker,
+                args=(plan, worker, database_names, workdir, start, worker < plan.kill),
+                daemon=True,
+            )
+            for worker in range(plan.processes)
+        ]
+        for process in workers:
+            process.start()
+        start.set()
+        deadline = time.monotonic() + timeout
+        errors = []
+        for worker, process in enumerate(workers):
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                errors.append(f"worker {worker} did not finish within {timeout} s")
+            elif process.exitcode != 0 and worker >= plan.kill:
+                errors.append(f"worker {worker} exited with status {process.exitcode}")
+        intervals: list[dict[str, int]] = []
+        for path in Path(workdir).glob("worker-*.jsonl"):
+            intervals.extend(json.loads(line) for line in path.read_text().splitlines())
+        counter = sum(int(path.read_text() or 0) for path in Path(workdir).glob("counter-*"))
+    result = analyse(plan, intervals, counter)
+    result.errors.extend(errors)
+    return result
