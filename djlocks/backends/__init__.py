@@ -49,10 +49,12 @@ class BackendHandler:
         return list(djlocks_settings()["BACKENDS"])
 
     def reset(self) -> None:
+        """Forget every backend and close every connection they opened, in every thread."""
+        from djlocks.backends.dedicated import DedicatedConnections
+
         with self._lock:
-            for backend in self._backends.values():
-                backend.close()
             self._backends.clear()
+        DedicatedConnections.close_all()
 
 
 backends = BackendHandler()

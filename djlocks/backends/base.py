@@ -113,6 +113,3 @@ class LockBackend(ABC):
     @abstractmethod
     def force_release(self, name: str, token: str | None = None) -> int:
         """Take grants of ``name`` away (one by ``token``, or all); return how many."""
-
-    def close(self) -> None:
-        """Drop connections this backend opened in the calling thread."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
+from typing import ClassVar
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -19,7 +21,11 @@ OnConnect = Callable[[BaseDatabaseWrapper], None]
 
 
 class DedicatedConnections(threading.local):
-    """A private ``DatabaseWrapper`` for the database alias ``using``, per thread."""
+    """A private ``DatabaseWrapper`` for the database alias ``using``, per thread.
+
+    ``close_all()`` closes the connections of every thread (the heartbeat's and
+    those of worker threads included), e.g. before the database is dropped.
+    """
 
     def __init__(self, using: str, on_connect: OnConnect | None = None) -> None:
         self.using = using
@@ -27,18 +33,37 @@ class DedicatedConnections(threading.local):
         self._wrapper: BaseDatabaseWrapper | None = None
         self._pid = 0
 
+    _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
+    _every_thread_guard: ClassVar[threading.Lock] = threading.Lock()
+
     def get(self) -> BaseDatabaseWrapper:
         """Return this thread's open connection, opening it if needed."""
         if self._wrapper is None or self._pid != os.getpid():
             template = connections[self.using]
             self._wrapper = type(template)(dict(template.settings_dict), alias=self.using)
+            # Each wrapper serves one thread; sharing is allowed only so that
+            # close_all() may close it from another thread.
+            self._wrapper.inc_thread_sharing()
             self._pid = os.getpid()
+            with self._every_thread_guard:
+                self._every_thread.add(self._wrapper)
         wrapper = self._wrapper
         if wrapper.connection is None:
             wrapper.ensure_connection()
             if self.on_connect is not None:
                 self.on_connect(wrapper)
         return wrapper
+
+    @classmethod
+    def close_all(cls) -> None:
+        """Close every dedicated connection this process opened, in every thread."""
+        with cls._every_thread_guard:
+            wrappers = list(cls._every_thread)
+        for wrapper in wrappers:
+            try:
+                wrapper.close()
+            except Exception:  # noqa: BLE001 - closing is best effort here
+                pass
 
     def discard(self) -> None:
         """Close and forget this thread's connection (after an error of unknown outcome)."""

@@ -192,9 +192,6 @@ class LeaseBackend(LockBackend):
                 ) from exc
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        self._connections.discard()
-
     # -- acquire -----------------------------------------------------------
 
     def acquire(

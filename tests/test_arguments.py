@@ -1,0 +1,76 @@
+"""Bad input gets a clear, specific error and changes nothing."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+
+from djlocks import Lock, Semaphore, db_lock, db_semaphore
+from djlocks.arguments import normalize_timeout
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"name": ""}, ValueError, "must not be empty"),
+        ({"name": "x" * 256}, ValueError, "at most 255"),
+        ({"name": 7}, TypeError, "must be a str"),
+        ({"name": "x", "timeout": -1}, ValueError, "must not be negative"),
+        ({"name": "x", "timeout": math.nan}, ValueError, "not NaN"),
+        ({"name": "x", "timeout": "5"}, TypeError, "seconds"),
+        ({"name": "x", "ttl": 0.1}, ValueError, "at least 0.3"),
+        ({"name": "x", "ttl": math.inf}, ValueError, "finite"),
+        ({"name": "x", "ttl": -5}, ValueError, "must not be negative"),
+        ({"name": "x", "cooldown": -1}, ValueError, "must not be negative"),
+        ({"name": "x", "backend": ""}, ValueError, "alias"),
+    ],
+)
+def test_lock_arguments_are_checked_at_construction(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Lock(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("limit", "error"), [(0, ValueError), (-3, ValueError), (1.5, TypeError)])
+def test_semaphore_limit_must_be_a_positive_int(limit: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="limit"):
+        Semaphore("x", limit=limit)  # type: ignore[arg-type]
+
+
+def test_timeouts_are_normalised_in_one_place() -> None:
+    assert normalize_timeout(None) is None
+    assert normalize_timeout(0) == 0.0
+    assert normalize_timeout(timedelta(milliseconds=1500)) == 1.5
+    assert normalize_timeout(math.inf) is None
+
+
+def test_long_unicode_names_are_accepted() -> None:
+    assert Lock("ü" * 255).name == "ü" * 255
+
+
+def test_unnamed_lock_needs_the_decorator_form() -> None:
+    with pytest.raises(ValueError, match="no name"), Lock():
+        pass
+
+
+def test_unknown_backend_alias_says_which_exist(transactional_db: None) -> None:
+    with pytest.raises(ImproperlyConfigured, match="'nope'.*configured: default"):
+        db_lock("x", backend="nope", timeout=0).acquire()
+
+
+def test_no_io_at_construction(django_assert_num_queries: object) -> None:
+    # A spec is safe at import time: building one needs no database at all.
+    lock = db_semaphore("pdf-render", limit=5, ttl=60, timeout=30)
+    assert lock.limit == 5 and lock.timeout == 30.0
+
+
+def test_stress_rejects_nonsense_counts(transactional_db: None) -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="at least 1"):
+        call_command("djlocks", "stress", "--limit", "0")

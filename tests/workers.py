@@ -1,0 +1,86 @@
+"""Bodies of worker processes started with ``spawn`` by the tests.
+
+``start_worker`` passes the test databases' names, so each child calls
+``django.setup()`` against the same real test database as the parent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+CONTEXT = multiprocessing.get_context("spawn")
+
+
+def start_worker(target: Any, *args: Any) -> BaseProcess:
+    from django.db import connections
+
+    names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+    process = CONTEXT.Process(target=_bootstrap, args=(names, target, args), daemon=True)
+    process.start()
+    return process
+
+
+def _bootstrap(names: dict[str, str], target: Any, args: tuple[Any, ...]) -> None:
+    import django
+    from django.conf import settings
+
+    for alias, name in names.items():
+        settings.DATABASES[alias]["NAME"] = name
+    django.setup()
+    target(*args)
+
+
+def hold_then_report(name: str, ttl: float, report: Any, hold: float) -> None:
+    """Acquire ``name``, report the fence, hold for ``hold`` seconds (or until killed)."""
+    from djlocks import Lock
+
+    lock = Lock(name, ttl=ttl)
+    with lock as grant:
+        report.put(("held", os.getpid(), grant.fence))
+        time.sleep(hold)
+    report.put(("released", os.getpid(), grant.fence))
+
+
+def hold_without_renewal_then_release(name: str, ttl: float, report: Any, go: Any) -> None:
+    """Hold without a heartbeat; after ``go`` is set, try to release late."""
+    from djlocks import Lock, LockLost
+
+    lock = Lock(name, ttl=ttl, renew=False)
+    grant = lock.__enter__()
+    report.put(("held", grant.fence))
+    go.wait(60)
+    try:
+        lock.release()
+        report.put(("released", grant.fence))
+    except LockLost as exc:
+        report.put(("lost", str(exc)))
+
+
+def try_once(name: str, barrier: Any, report: Any, hold: float) -> None:
+    """Line up on ``barrier``, try once, report the outcome, keep a win for ``hold`` s."""
+    from djlocks import Lock
+
+    lock = Lock(name, ttl=30)
+    barrier.wait()
+    try:
+        won = lock.acquire(timeout=0)
+    except Exception as exc:  # noqa: BLE001 - the test asserts there is none
+        report.put(("error", repr(exc)))
+        return
+    report.put(("won" if won else "lost", os.getpid()))
+    if won:
+        time.sleep(hold)
+        lock.release()
+
+
+def wait_in_line(name: str, label: str, report: Any) -> None:
+    """Block for ``name`` and report the order in which the grant arrived."""
+    from djlocks import Lock
+
+    with Lock(name, ttl=30, label=label) as grant:
+        report.put((label, grant.fence))
+        time.sleep(0.05)
