@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-sqlite test-postgresql test-mysql lint clean
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest lint clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
@@ -44,4 +44,20 @@ lint: setup
 	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run djlocks
 
 clean:
-	rm -rf $(VENV) var
+	rm -rf $(VENV) $(NEWEST_VENV) var
+
+# The newest Django (6.x needs Python 3.12+) on the newest Python the machine has.
+NEWEST_PYTHON ?= $(shell ls -d $(HOME)/.pyenv/versions/3.13*/bin/python3 $(HOME)/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
+NEWEST_VENV := .venv-newest
+
+test-newest: setup
+	@if [ -z "$(NEWEST_PYTHON)" ]; then echo "No Python >= 3.12 here: skipping the newest-Django run."; exit 0; fi; \
+	set -e; \
+	[ -f $(NEWEST_VENV)/.installed ] || { \
+	  $(NEWEST_PYTHON) -m venv $(NEWEST_VENV); \
+	  $(NEWEST_VENV)/bin/pip install -q --upgrade pip; \
+	  grep -v '^Django==' requirements.txt | $(NEWEST_VENV)/bin/pip install -q -r /dev/stdin 'Django>=6,<7'; \
+	  $(NEWEST_VENV)/bin/pip install -q -e . --no-deps; \
+	  touch $(NEWEST_VENV)/.installed; }; \
+	$(NEWEST_VENV)/bin/python -m django --version; \
+	for db in sqlite postgresql mysql; do DJLOCKS_DB=$$db $(NEWEST_VENV)/bin/python -m pytest -q; done

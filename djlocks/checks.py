@@ -64,9 +64,7 @@ def check_lease_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     """E004: a lease backend on an in-memory SQLite database, invisible to other processes."""
     errors: list[CheckMessage] = []
     for alias, spec in djlocks_settings()["BACKENDS"].items():
-        if not isinstance(spec, dict) or not str(spec.get("BACKEND", "")).endswith(
-            "LeaseBackend"
-        ):
+        if not isinstance(spec, dict) or not str(spec.get("BACKEND", "")).endswith("LeaseBackend"):
             continue
         using = spec.get("OPTIONS", {}).get("using", "default")
         if using not in connections:
@@ -80,7 +78,9 @@ def check_lease_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckM
             )
             continue
         connection = connections[using]
-        if connection.vendor == "sqlite" and connection.is_in_memory_db():
+        database_name = str(connection.settings_dict["NAME"])
+        in_memory = database_name == ":memory:" or "mode=memory" in database_name
+        if connection.vendor == "sqlite" and in_memory:
             errors.append(
                 Error(
                     f"djlocks backend {alias!r} keeps its leases in an in-memory SQLite "

@@ -119,7 +119,7 @@ class Lock:
         return backends[self.backend_alias]
 
     def _with_name(self, name: str) -> Lock:
-        clone = cast(Lock, object.__new__(type(self)))
+        clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
         clone._name = validate_name(name)
         clone._held = {}
@@ -266,8 +266,10 @@ class Lock:
 
         Raises ``NotAcquired`` from the call when the lock is not granted in time.
         """
-        spec = self if self._name is not None else self._with_name(
-            f"{func.__module__}.{func.__qualname__}"
+        spec = (
+            self
+            if self._name is not None
+            else self._with_name(f"{func.__module__}.{func.__qualname__}")
         )
         if inspect.iscoroutinefunction(func):
 
@@ -299,9 +301,7 @@ class Semaphore(Lock):
         self.limit = validate_limit(limit)
 
     def __repr__(self) -> str:
-        return (
-            f"<Semaphore {self._name!r} limit={self.limit} backend={self.backend_alias!r}>"
-        )
+        return f"<Semaphore {self._name!r} limit={self.limit} backend={self.backend_alias!r}>"
 
 
 def db_lock(name: str | Callable[..., Any] | None = None, **options: Any) -> Any:

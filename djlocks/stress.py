@@ -10,10 +10,12 @@ clock (system-wide on Linux) and checked for overlaps afterwards.
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
 import random
+import signal
 import statistics
 import tempfile
 import time
@@ -93,25 +95,23 @@ def _worker(
             label=f"stress worker {worker}",
         )
     )
-    log = Path(workdir, f"worker-{worker}.jsonl").open("a", buffering=1)
     start.wait()
-    for iteration in range(plan.iterations):
-        grant = spec.__enter__()
-        began = time.monotonic_ns()
-        counter = Path(workdir, f"counter-{grant.slot}")
-        value = int(counter.read_text() or 0) if counter.exists() else 0
-        if victim and iteration == plan.iterations // 2:
-            os.kill(os.getpid(), 9)  # dies holding the grant: the lease must expire
-        if plan.hold_ms:
-            time.sleep(random.uniform(0, 2 * plan.hold_ms) / 1000)
-        else:
-            os.sched_yield()
-        counter.write_text(str(value + 1))
-        ended = time.monotonic_ns()
-        spec.__exit__(None, None, None)
-        record = {"start": began, "end": ended, "fence": grant.fence, "slot": grant.slot}
-        log.write(json.dumps(record) + "\n")
-    log.close()
+    with Path(workdir, f"worker-{worker}.jsonl").open("a", buffering=1) as log:
+        for iteration in range(plan.iterations):
+            with spec as grant:
+                began = time.monotonic_ns()
+                counter = Path(workdir, f"counter-{grant.slot}")
+                value = int(counter.read_text() or 0) if counter.exists() else 0
+                if victim and iteration == plan.iterations // 2:
+                    os.kill(os.getpid(), signal.SIGKILL)  # dies holding: the lease must expire
+                if plan.hold_ms:
+                    time.sleep(random.uniform(0, 2 * plan.hold_ms) / 1000)
+                else:
+                    os.sched_yield()
+                counter.write_text(str(value + 1))
+                ended = time.monotonic_ns()
+            record = {"start": began, "end": ended, "fence": grant.fence, "slot": grant.slot}
+            log.write(json.dumps(record) + "\n")
 
 
 def _percentile(values: list[float], share: float) -> float | None:
@@ -138,7 +138,7 @@ def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> 
     if plan.limit == 1:
         handoffs = [
             (after["start"] - before["end"]) / 1e6
-            for before, after in zip(ordered, ordered[1:], strict=False)
+            for before, after in itertools.pairwise(ordered)
             if after["start"] >= before["end"]
         ]
     fences = [interval["fence"] for interval in ordered]
@@ -148,10 +148,12 @@ def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> 
     # Holders of one slot follow each other, so their fences must rise in start
     # order; across slots a fence is never handed out twice.
     fences_increase = len(set(fences)) == len(fences) and all(
-        a < b for slot_fences in by_slot.values() for a, b in zip(slot_fences, slot_fences[1:], strict=False)
+        a < b for slot_fences in by_slot.values() for a, b in itertools.pairwise(slot_fences)
     )
     span = (ordered[-1]["end"] - ordered[0]["start"]) / 1e9 if ordered else 0.0
-    completed = plan.processes * plan.iterations - plan.kill * (plan.iterations - plan.iterations // 2)
+    completed = plan.processes * plan.iterations - plan.kill * (
+        plan.iterations - plan.iterations // 2
+    )
     return StressResult(
         backend=plan.backend,
         processes=plan.processes,
@@ -177,9 +179,7 @@ def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
     """Run the strength test with real processes against the configured store."""
     from django.db import connections
 
-    database_names = {
-        alias: str(connections[alias].settings_dict["NAME"]) for alias in connections
-    }
+    database_names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     with tempfile.TemporaryDirectory(prefix="djlocks-stress-") as workdir:

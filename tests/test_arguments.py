@@ -59,7 +59,7 @@ def test_unnamed_lock_needs_the_decorator_form() -> None:
 
 
 def test_unknown_backend_alias_says_which_exist(transactional_db: None) -> None:
-    with pytest.raises(ImproperlyConfigured, match="'nope'.*configured: default"):
+    with pytest.raises(ImproperlyConfigured, match=r"'nope'.*configured: default"):
         db_lock("x", backend="nope", timeout=0).acquire()
 
 

@@ -5,7 +5,11 @@ from django.test import override_settings
 
 
 def _ids() -> set[str]:
-    return {message.id for message in checks.run_checks(include_deployment_checks=False, databases=["default"]) if message.id}
+    return {
+        message.id
+        for message in checks.run_checks(include_deployment_checks=False, databases=["default"])
+        if message.id
+    }
 
 
 def test_the_project_passes_its_checks() -> None:

@@ -60,8 +60,9 @@ def test_semaphore_grants_exactly_limit_slots_each_its_own() -> None:
 
 
 def test_limit_mismatch_is_detected_while_held() -> None:
-    with db_semaphore("contract:mismatch", limit=2, timeout=0), pytest.raises(
-        AlreadyHeld, match="limit=2"
+    with (
+        db_semaphore("contract:mismatch", limit=2, timeout=0),
+        pytest.raises(AlreadyHeld, match="limit=2"),
     ):
         db_semaphore("contract:mismatch", limit=3, timeout=0).acquire()
 
@@ -153,7 +154,9 @@ def test_decorator_names_the_lock_after_the_function() -> None:
         return "done"
 
     assert sync_users() == "done"
-    assert calls == [[f"{__name__}.test_decorator_names_the_lock_after_the_function.<locals>.sync_users"]]
+    assert calls == [
+        [f"{__name__}.test_decorator_names_the_lock_after_the_function.<locals>.sync_users"]
+    ]
 
 
 def test_waiters_are_listed_with_their_identity() -> None:

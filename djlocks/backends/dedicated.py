@@ -8,6 +8,7 @@ is never used across ``fork()``: a child process opens its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import weakref
@@ -60,16 +61,12 @@ class DedicatedConnections(threading.local):
         with cls._every_thread_guard:
             wrappers = list(cls._every_thread)
         for wrapper in wrappers:
-            try:
+            with contextlib.suppress(Exception):
                 wrapper.close()
-            except Exception:  # noqa: BLE001 - closing is best effort here
-                pass
 
     def discard(self) -> None:
         """Close and forget this thread's connection (after an error of unknown outcome)."""
         wrapper, self._wrapper = self._wrapper, None
         if wrapper is not None and self._pid == os.getpid():
-            try:
+            with contextlib.suppress(Exception):
                 wrapper.close()
-            except Exception:  # noqa: BLE001 - the connection is being thrown away
-                pass

@@ -122,10 +122,7 @@ def _is_contention(exc: DatabaseError) -> bool:
 
 
 def _as_datetime(value: object) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        moment = value
-    else:
-        moment = parse_datetime(str(value))
+    moment = value if value is None or isinstance(value, datetime) else parse_datetime(str(value))
     if moment is not None and moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment
@@ -241,7 +238,9 @@ class LeaseBackend(LockBackend):
                     # The next in line polls as often as the head, so it notices at
                     # once when it moves up; everyone further back polls less often.
                     behind = ahead - request.limit
-                    pause = HEAD_POLL_MAX if behind == 0 else min(slow_poll, QUEUE_POLL_STEP * behind)
+                    pause = (
+                        HEAD_POLL_MAX if behind == 0 else min(slow_poll, QUEUE_POLL_STEP * behind)
+                    )
                     head_poll = HEAD_POLL_MIN
                 now = time.monotonic()
                 if deadline is not None:
@@ -421,7 +420,9 @@ class LeaseBackend(LockBackend):
     ) -> list[tuple[Any, ...]]:
         """Give an unheld name ``request.limit`` slots; fences continue from the largest."""
         fence = max(int(row[3]) for row in rows)
-        cursor.execute(f"DELETE FROM {SLOTS} WHERE name_key = %s AND slot >= %s", (key, request.limit))
+        cursor.execute(
+            f"DELETE FROM {SLOTS} WHERE name_key = %s AND slot >= %s", (key, request.limit)
+        )
         cursor.execute(
             f"UPDATE {SLOTS} SET slot_limit = %s, fence = %s WHERE name_key = %s",
             (request.limit, fence, key),
@@ -429,7 +430,10 @@ class LeaseBackend(LockBackend):
         cursor.executemany(
             f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, label) "
             f"VALUES (%s, %s, %s, %s, %s, '', '', '')",
-            [(key, request.name, slot, request.limit, fence) for slot in range(len(rows), request.limit)],
+            [
+                (key, request.name, slot, request.limit, fence)
+                for slot in range(len(rows), request.limit)
+            ],
         )
         acquire_log.info("%s now has %s slot(s)", request.name, request.limit)
         kept = {int(row[1]): row for row in rows}

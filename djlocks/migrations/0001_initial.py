@@ -4,53 +4,70 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='LeaseSlot',
+            name="LeaseSlot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(db_column='name_key', help_text='SHA-256 of the name (djlocks.keys).', max_length=64)),
-                ('name', models.CharField(max_length=255)),
-                ('slot', models.PositiveIntegerField()),
-                ('limit', models.PositiveIntegerField(db_column='slot_limit')),
-                ('token', models.CharField(blank=True, max_length=32, null=True, unique=True)),
-                ('fence', models.BigIntegerField(default=0)),
-                ('acquired_at', models.DateTimeField(blank=True, null=True)),
-                ('expires_at', models.DateTimeField(blank=True, null=True)),
-                ('cooldown_until', models.DateTimeField(blank=True, null=True)),
-                ('host', models.CharField(blank=True, default='', max_length=255)),
-                ('pid', models.IntegerField(blank=True, null=True)),
-                ('thread', models.CharField(blank=True, default='', max_length=100)),
-                ('label', models.CharField(blank=True, default='', max_length=255)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "key",
+                    models.CharField(
+                        db_column="name_key",
+                        help_text="SHA-256 of the name (djlocks.keys).",
+                        max_length=64,
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                ("slot", models.PositiveIntegerField()),
+                ("limit", models.PositiveIntegerField(db_column="slot_limit")),
+                ("token", models.CharField(blank=True, max_length=32, null=True, unique=True)),
+                ("fence", models.BigIntegerField(default=0)),
+                ("acquired_at", models.DateTimeField(blank=True, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("cooldown_until", models.DateTimeField(blank=True, null=True)),
+                ("host", models.CharField(blank=True, default="", max_length=255)),
+                ("pid", models.IntegerField(blank=True, null=True)),
+                ("thread", models.CharField(blank=True, default="", max_length=100)),
+                ("label", models.CharField(blank=True, default="", max_length=255)),
             ],
             options={
-                'db_table': 'djlocks_lease_slot',
-                'permissions': [('force_release', 'Can force the release of a lock')],
-                'constraints': [models.UniqueConstraint(fields=('key', 'slot'), name='djlocks_slot_key')],
+                "db_table": "djlocks_lease_slot",
+                "permissions": [("force_release", "Can force the release of a lock")],
+                "constraints": [
+                    models.UniqueConstraint(fields=("key", "slot"), name="djlocks_slot_key")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='LeaseWaiter',
+            name="LeaseWaiter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(db_column='name_key', max_length=64)),
-                ('name', models.CharField(max_length=255)),
-                ('host', models.CharField(blank=True, default='', max_length=255)),
-                ('pid', models.IntegerField()),
-                ('thread', models.CharField(blank=True, default='', max_length=100)),
-                ('label', models.CharField(blank=True, default='', max_length=255)),
-                ('since', models.DateTimeField()),
-                ('expires_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(db_column="name_key", max_length=64)),
+                ("name", models.CharField(max_length=255)),
+                ("host", models.CharField(blank=True, default="", max_length=255)),
+                ("pid", models.IntegerField()),
+                ("thread", models.CharField(blank=True, default="", max_length=100)),
+                ("label", models.CharField(blank=True, default="", max_length=255)),
+                ("since", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
             ],
             options={
-                'db_table': 'djlocks_lease_waiter',
-                'indexes': [models.Index(fields=['key', 'id'], name='djlocks_waiter_queue')],
+                "db_table": "djlocks_lease_waiter",
+                "indexes": [models.Index(fields=["key", "id"], name="djlocks_waiter_queue")],
             },
         ),
     ]

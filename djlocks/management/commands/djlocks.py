@@ -19,7 +19,9 @@ class Command(BaseCommand):
         subcommands = parser.add_subparsers(dest="subcommand", required=True)
         listing = subcommands.add_parser("list", help="Holders and waiters of every name.")
         listing.add_argument("--backend", default=None, help="Only this backend alias.")
-        listing.add_argument("--json", action="store_true", dest="as_json", help="One JSON document.")
+        listing.add_argument(
+            "--json", action="store_true", dest="as_json", help="One JSON document."
+        )
         stress = subcommands.add_parser(
             "stress",
             help="The strength test: processes increment a counter under the lock; "
