@@ -173,14 +173,7 @@ class Lock:
         already ended (the lease expired or was released by force); the slot
         is free either way afterwards.
         """
-        with self._held_guard:
-            stack = self._held.get(_holder_key())
-            if not stack:
-                raise NotHeld(f"{self!r} is not held by this thread or task.")
-            grant = stack.pop()
-            if not stack:
-                del self._held[_holder_key()]
-        self._release_grant(grant)
+        self._release_grant(self._pop_current())
 
     def _release_grant(self, grant: Grant) -> None:
         heartbeat.discard(grant)
@@ -228,32 +221,33 @@ class Lock:
         return grant
 
     async def __aexit__(self, *exc_info: object) -> None:
-        grant = self._pop_current(NotHeld)
+        grant = self._pop_current()
         await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
 
     def _release_late(self, grant: Grant) -> None:
         """Release a grant that arrived after its acquire was cancelled."""
-        with self._held_guard:
-            for stack in self._held.values():
-                if grant in stack:
-                    stack.remove(grant)
-        self._held = {key: stack for key, stack in self._held.items() if stack}
+        self._forget(grant)
         self._release_grant(grant)
 
-    def _move_to_current_task(self, grant: Grant) -> None:
+    def _forget(self, grant: Grant) -> None:
         with self._held_guard:
             for key, stack in list(self._held.items()):
                 if grant in stack:
                     stack.remove(grant)
                     if not stack:
                         del self._held[key]
+
+    def _move_to_current_task(self, grant: Grant) -> None:
+        """The grant arrived in a worker thread; file it under the awaiting task."""
+        self._forget(grant)
+        with self._held_guard:
             self._held.setdefault(_holder_key(), []).append(grant)
 
-    def _pop_current(self, error: type[Exception]) -> Grant:
+    def _pop_current(self) -> Grant:
         with self._held_guard:
             stack = self._held.get(_holder_key())
             if not stack:
-                raise error(f"{self!r} is not held by this task.")
+                raise NotHeld(f"{self!r} is not held by this thread or task.")
             grant = stack.pop()
             if not stack:
                 del self._held[_holder_key()]

@@ -71,12 +71,7 @@ class Dialect:
     fence_increment: str  # sets fence to fence + 1 and makes it readable
     begin: str  # starts a transaction that serialises the claims of one name
 
-    def seconds_param(self, seconds: float) -> object:
-        if self.now.startswith("UTC_TIMESTAMP"):
-            return round(seconds * 1_000_000)
-        if self.now.startswith("strftime"):
-            return f"+{seconds:.3f} seconds"
-        return seconds
+    seconds_param: Callable[[float], object]  # seconds as plus_seconds's parameter
 
 
 DIALECTS = {
@@ -87,6 +82,7 @@ DIALECTS = {
         returning=True,
         fence_increment="fence = fence + 1",
         begin="BEGIN",
+        seconds_param=float,
     ),
     "mysql": Dialect(
         now="UTC_TIMESTAMP(6)",
@@ -97,6 +93,7 @@ DIALECTS = {
         # new value back in the OK packet (cursor.lastrowid), in the same round trip.
         fence_increment="fence = LAST_INSERT_ID(fence + 1)",
         begin="START TRANSACTION",
+        seconds_param=lambda seconds: round(seconds * 1_000_000),
     ),
     "sqlite": Dialect(
         now="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
@@ -106,6 +103,7 @@ DIALECTS = {
         fence_increment="fence = fence + 1",
         # SQLite has no row locks: IMMEDIATE takes the database's write lock up front.
         begin="BEGIN IMMEDIATE",
+        seconds_param=lambda seconds: f"+{seconds:.3f} seconds",
     ),
 }
 
