@@ -51,6 +51,8 @@ renew_log = logging.getLogger("djlocks.renew")
 
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
+CHANNEL = "djlocks_lease"  # PostgreSQL NOTIFY channel; the payload is the name_key
+NOTIFIED_POLL = 0.025  # seconds; where releases notify, polling is only the fallback (G5)
 NEWCOMER = 2**62  # the ticket of a caller that is not queued: every live waiter is ahead
 HEAD_POLL_MIN = 0.001  # seconds; the head of the queue polls from here ...
 HEAD_POLL_MAX = 0.004  # ... backing off to here
@@ -72,6 +74,7 @@ class Dialect:
     begin: str  # starts a transaction that serialises the claims of one name
 
     seconds_param: Callable[[float], object]  # seconds as plus_seconds's parameter
+    notifies: bool = False  # releases wake waiters through LISTEN/NOTIFY
 
 
 DIALECTS = {
@@ -83,6 +86,7 @@ DIALECTS = {
         fence_increment="fence = fence + 1",
         begin="BEGIN",
         seconds_param=float,
+        notifies=True,
     ),
     "mysql": Dialect(
         now="UTC_TIMESTAMP(6)",
@@ -138,6 +142,7 @@ class LeaseBackend(LockBackend):
         super().__init__(alias, options)
         self.using: str = self.options.get("using", "default")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
+        self._listeners = DedicatedConnections(self.using)
         self._dialect: Dialect | None = None
 
     # -- connections -------------------------------------------------------
@@ -221,6 +226,7 @@ class LeaseBackend(LockBackend):
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
         ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl))
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
+        listening = self._listen()
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = HEAD_POLL_MIN
         try:
@@ -230,14 +236,16 @@ class LeaseBackend(LockBackend):
                     grant = self._claim(request, key, ticket)
                     if grant is not None:
                         return grant
-                    pause = head_poll
+                    pause = NOTIFIED_POLL if listening else head_poll
                     head_poll = min(head_poll * 1.5, HEAD_POLL_MAX)
                 else:
                     # The next in line polls as often as the head, so it notices at
                     # once when it moves up; everyone further back polls less often.
                     behind = ahead - request.limit
                     pause = (
-                        HEAD_POLL_MAX if behind == 0 else min(slow_poll, QUEUE_POLL_STEP * behind)
+                        (NOTIFIED_POLL if listening else HEAD_POLL_MAX)
+                        if behind == 0
+                        else min(slow_poll, QUEUE_POLL_STEP * behind)
                     )
                     head_poll = HEAD_POLL_MIN
                 now = time.monotonic()
@@ -248,13 +256,55 @@ class LeaseBackend(LockBackend):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                if abort is not None:
-                    if abort.wait(pause):
-                        return None
-                else:
-                    time.sleep(pause)
+                if self._pause(pause, key, abort, listening):
+                    return None
         finally:
+            if listening:
+                self._unlisten()
             self._run(lambda db: self._dequeue(db, ticket))
+
+    def _listen(self) -> bool:
+        """Start hearing releases (PostgreSQL); False where the store cannot notify."""
+        if not self.dialect.notifies:
+            return False
+        try:
+            with closing(self._listeners.get().create_cursor()) as cursor:
+                cursor.execute(f"LISTEN {CHANNEL}", ())
+        except DatabaseError:
+            acquire_log.warning("LISTEN failed; falling back to polling", exc_info=True)
+            self._listeners.discard()
+            return False
+        return True
+
+    def _unlisten(self) -> None:
+        """Stop hearing releases, so an idle connection never holds back the notify queue."""
+        try:
+            with closing(self._listeners.get().create_cursor()) as cursor:
+                cursor.execute(f"UNLISTEN {CHANNEL}", ())
+        except DatabaseError:
+            self._listeners.discard()
+
+    def _pause(
+        self, seconds: float, key: str, abort: threading.Event | None, listening: bool
+    ) -> bool:
+        """Sleep up to ``seconds``, less if a release of ``key`` is notified; True if aborted."""
+        if listening:
+            end = time.monotonic() + seconds
+            try:
+                connection = self._listeners.get().connection
+                while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
+                    # A notification is only a hint (G5): the caller re-checks the store.
+                    heard = list(connection.notifies(timeout=min(left, 0.05), stop_after=1))
+                    if any(note.payload == key for note in heard):
+                        break
+            except Exception:
+                acquire_log.warning("listening for releases failed", exc_info=True)
+                self._listeners.discard()
+            return abort is not None and abort.is_set()
+        if abort is not None:
+            return abort.wait(seconds)
+        time.sleep(seconds)
+        return False
 
     def _claim(self, request: AcquireRequest, key: str, ticket: int) -> GrantRecord | None:
         """Try once to take a slot; clean up by token if the outcome is unknown."""
@@ -496,13 +546,12 @@ class LeaseBackend(LockBackend):
 
     def release(self, name: str, token: str, cooldown: float) -> None:
         d = self.dialect
+        sql = (
+            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        )
         released = self._run(
-            lambda db: self._execute(
-                db,
-                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
-                f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}",
-                (d.seconds_param(cooldown), token),
-            )
+            lambda db: self._execute(db, _notifying(sql, d), (d.seconds_param(cooldown), token))
         )
         if released == 1:
             release_log.debug("released %s", name)
@@ -614,7 +663,20 @@ class LeaseBackend(LockBackend):
             params += (token,)
         else:
             sql += " AND token IS NOT NULL"
-        return self._run(lambda db: self._execute(db, sql, params))
+        return self._run(lambda db: self._execute(db, _notifying(sql, self.dialect), params))
+
+
+def _notifying(update: str, dialect: Dialect) -> str:
+    """Make a releasing ``UPDATE`` also wake the waiters (PostgreSQL NOTIFY, same round trip).
+
+    The statement still reports one row per released slot.
+    """
+    if not dialect.notifies:
+        return update
+    return (
+        f"WITH released AS ({update} RETURNING name_key) "
+        f"SELECT pg_notify('{CHANNEL}', name_key) FROM released"
+    )
 
 
 @contextmanager
