@@ -53,6 +53,7 @@ SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
 CHANNEL = "djlocks_lease"  # PostgreSQL NOTIFY channel; the payload is the name_key
 NOTIFIED_POLL = 0.025  # seconds; where releases notify, polling is only the fallback (G5)
+SHAPE_RECHECK = 1.0  # seconds between checks that a lock's rows exist with limit 1
 NEWCOMER = 2**62  # the ticket of a caller that is not queued: every live waiter is ahead
 HEAD_POLL_MIN = 0.001  # seconds; the head of the queue polls from here ...
 HEAD_POLL_MAX = 0.004  # ... backing off to here
@@ -143,6 +144,8 @@ class LeaseBackend(LockBackend):
         self.using: str = self.options.get("using", "default")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
         self._listeners = DedicatedConnections(self.using)
+        # name_key -> when (monotonic) its rows were last confirmed to be a lock's
+        self._lock_shaped: dict[str, float] = {}
         self._dialect: Dialect | None = None
 
     # -- connections -------------------------------------------------------
@@ -317,12 +320,18 @@ class LeaseBackend(LockBackend):
                             lambda db: self._claim_lock(db, request, key, ticket, token),
                             retry=False,
                         )
-                        if grant is not None:
+                        # A miss means "busy" once the rows are known to be a lock's;
+                        # the shape is re-checked now and then, in case it changed.
+                        confirmed = self._lock_shaped.get(key, -SHAPE_RECHECK)
+                        if grant is not None or time.monotonic() - confirmed < SHAPE_RECHECK:
                             return grant
-                    return self._run(
+                    grant = self._run(
                         lambda db: self._claim_slot(db, request, key, ticket, token),
                         retry=False,
                     )
+                    if request.limit == 1:
+                        self._lock_shaped[key] = time.monotonic()
+                    return grant
                 except _Contention:
                     time.sleep(secrets.randbelow(2000) / 1_000_000)
             raise BackendUnavailable(
