@@ -246,9 +246,7 @@ class LeaseBackend(LockBackend):
                     # once when it moves up; everyone further back polls less often.
                     behind = ahead - request.limit
                     pause = (
-                        (NOTIFIED_POLL if listening else HEAD_POLL_MAX)
-                        if behind == 0
-                        else min(slow_poll, QUEUE_POLL_STEP * behind)
+                        HEAD_POLL_MAX if behind == 0 else min(slow_poll, QUEUE_POLL_STEP * behind)
                     )
                     head_poll = HEAD_POLL_MIN
                 now = time.monotonic()
