@@ -1,0 +1,12 @@
+from django.db import models
+
+
+class FencedCounter(models.Model):
+    """A resource protected by fencing: the demo and the tests' oracle O3."""
+
+    name = models.CharField(max_length=100, unique=True)
+    value = models.IntegerField(default=0)
+    fence = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value} (fence {self.fence})"
