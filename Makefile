@@ -41,7 +41,7 @@ lint: setup
 	$(VENV)/bin/ruff check djlocks project tests
 	$(VENV)/bin/ruff format --check djlocks project tests
 	$(VENV)/bin/mypy
-	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run djlocks
+	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run
 
 clean:
 	rm -rf $(VENV) $(NEWEST_VENV) var
