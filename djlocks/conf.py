@@ -7,8 +7,6 @@ Keys and defaults (all optional):
     "djlocks.backends.lease.LeaseBackend", "OPTIONS": {"using": "default"}}}``.
 ``TTL``
     Default lease length in seconds (60).
-``KEY_PREFIX``
-    Prefix of keys in key-value stores ("djlocks").
 ``POLL_INTERVAL``
     Longest sleep, in seconds, of a waiter that is not at the head of the queue (0.25).
 ``WAITER_TTL``
@@ -33,7 +31,6 @@ DEFAULT_BACKEND = {
 DEFAULTS: dict[str, Any] = {
     "BACKENDS": {"default": DEFAULT_BACKEND},
     "TTL": 60,
-    "KEY_PREFIX": "djlocks",
     "POLL_INTERVAL": 0.25,
     "WAITER_TTL": 10,
 }

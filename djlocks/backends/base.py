@@ -75,8 +75,7 @@ class LockBackend(ABC):
     ends in an unknown state is cleaned up by token before returning.
     """
 
-    supports_semaphore: ClassVar[bool] = True
-    supports_cooldown: ClassVar[bool] = True
+    #: True for stores whose grants expire and must be renewed by the heartbeat.
     leases: ClassVar[bool] = True
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
