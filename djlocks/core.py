@@ -135,11 +135,20 @@ class Lock:
         ``blocking=False`` is ``timeout=0``. Raises ``BackendUnavailable`` when
         the store cannot be reached, ``AlreadyHeld`` on a ``limit`` mismatch.
         """
-        return self._acquire_grant(blocking, timeout, abort=None) is not None
+        return self.acquire_grant(blocking, timeout) is not None
 
-    def _acquire_grant(
-        self, blocking: bool, timeout: Any, abort: threading.Event | None
+    def acquire_grant(
+        self,
+        blocking: bool = True,
+        timeout: Any = _USE_SPEC,
+        abort: threading.Event | None = None,
     ) -> Grant | None:
+        """Like ``acquire()``, but return the ``Grant`` (``None`` on time-out).
+
+        ``abort`` (a ``threading.Event``) set by another thread ends the wait
+        early with ``None``. The grant is released with ``grant.release()``
+        from any thread, or with ``release()`` from the acquiring one.
+        """
         wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
         if not blocking:
             wait = 0.0
@@ -194,7 +203,7 @@ class Lock:
     # -- context manager -----------------------------------------------------
 
     def __enter__(self) -> Grant:
-        grant = self._acquire_grant(True, _USE_SPEC, abort=None)
+        grant = self.acquire_grant(True, _USE_SPEC)
         if grant is None:
             raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
         return grant
@@ -205,7 +214,7 @@ class Lock:
     async def __aenter__(self) -> Grant:
         abort = threading.Event()
         attempt = asyncio.ensure_future(
-            sync_to_async(self._acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)
+            sync_to_async(self.acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)
         )
         try:
             grant = await asyncio.shield(attempt)
@@ -213,7 +222,7 @@ class Lock:
             abort.set()
             late = await attempt
             if late is not None:
-                await sync_to_async(self._release_late, thread_sensitive=False)(late)
+                await sync_to_async(late.release, thread_sensitive=False)()
             raise
         if grant is None:
             raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
@@ -224,8 +233,8 @@ class Lock:
         grant = self._pop_current()
         await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
 
-    def _release_late(self, grant: Grant) -> None:
-        """Release a grant that arrived after its acquire was cancelled."""
+    def _release_specific(self, grant: Grant) -> None:
+        """Release ``grant`` whichever thread or task acquired it."""
         self._forget(grant)
         self._release_grant(grant)
 

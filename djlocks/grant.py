@@ -87,6 +87,14 @@ class Grant:
         if self._lost_reason is not None:
             raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
 
+    def release(self) -> None:
+        """Release this grant, from any thread (``Lock.release()`` serves the acquiring one).
+
+        Raises ``LockLost`` if the grant had already ended; the slot is free
+        either way afterwards.
+        """
+        self.spec._release_specific(self)
+
     def renewed(self, renewal_started: float, expires_at: datetime | None) -> None:
         """Record a successful renewal that was sent at ``renewal_started`` (monotonic)."""
         with self._guard:

@@ -6,6 +6,10 @@ pause, write it + 1, release. Each slot of a semaphore has its own counter
 file, so the oracle holds for semaphores too: two holders of one slot would
 lose an update. Every believed-hold interval is recorded on the monotonic
 clock (system-wide on Linux) and checked for overlaps afterwards.
+
+``via="runlocked"`` makes it the classic strength test of a lock command:
+each worker runs ``manage.py runlocked NAME -- python stress_increment.py``
+in a loop, and that small program does the increment under the lock.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import os
 import random
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +40,13 @@ class StressPlan:
     ttl: float = 30.0
     name: str = "djlocks:stress"
     kill: int = 0  # how many workers are SIGKILLed while holding (they never release)
+    via: str = "api"  # or "runlocked": each increment is a `manage.py runlocked` run
+
+    def __post_init__(self) -> None:
+        if self.via not in ("api", "runlocked"):
+            raise ValueError(f"via must be 'api' or 'runlocked', not {self.via!r}.")
+        if self.via == "runlocked" and self.kill:
+            raise ValueError("Killing holders is a test of the API workers, not of runlocked.")
 
 
 @dataclass
@@ -77,10 +90,8 @@ def _worker(
 ) -> None:
     """Body of one spawned worker process (see the module docstring)."""
     import django
-    from django.conf import settings
 
-    for alias, name in database_names.items():
-        settings.DATABASES[alias]["NAME"] = name
+    pin_database_names(database_names)
     django.setup()
     from djlocks import Lock, Semaphore
 
@@ -112,6 +123,62 @@ def _worker(
                 ended = time.monotonic_ns()
             record = {"start": began, "end": ended, "fence": grant.fence, "slot": grant.slot}
             log.write(json.dumps(record) + "\n")
+
+
+def _runlocked_worker(
+    plan: StressPlan,
+    worker: int,
+    database_names: dict[str, str],
+    workdir: str,
+    start: Any,
+    victim: bool,
+) -> None:
+    """Body of one worker of the runlocked strength test: a loop of runlocked runs."""
+    increment = str(Path(__file__).with_name("stress_increment.py"))
+    command = [
+        *manage_command(database_names),
+        *("runlocked", plan.name, "--backend", plan.backend, "--limit", str(plan.limit)),
+        *("--ttl", str(plan.ttl), "--label", f"stress worker {worker}", "--quiet", "--"),
+        *(sys.executable, "-I", "-S", increment, workdir, str(worker), str(plan.hold_ms)),
+    ]
+    start.wait()
+    for _ in range(plan.iterations):
+        status = subprocess.run(command, check=False).returncode
+        if status != 0:
+            raise SystemExit(f"runlocked exited with status {status}")
+
+
+def current_database_names() -> dict[str, str]:
+    """This process's database names by alias, for ``pin_database_names`` in a child."""
+    from django.db import connections
+
+    return {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+
+
+def pin_database_names(names: dict[str, str]) -> None:
+    """Point this process's settings at the parent's databases (test databases included)."""
+    from django.conf import settings
+
+    for alias, name in names.items():
+        settings.DATABASES[alias]["NAME"] = name
+
+
+def manage_command(database_names: dict[str, str]) -> list[str]:
+    """The start of a ``manage.py`` command line that uses these databases (see ``manage``)."""
+    return [
+        sys.executable,
+        "-c",
+        "from djlocks.stress import manage; manage()",
+        json.dumps(database_names),
+    ]
+
+
+def manage() -> None:
+    """``manage.py`` with the database names pinned: ``python -c ... NAMES_JSON COMMAND ...``."""
+    from django.core.management import execute_from_command_line
+
+    pin_database_names(json.loads(sys.argv[1]))
+    execute_from_command_line(["manage.py", *sys.argv[2:]])
 
 
 def _percentile(values: list[float], share: float) -> float | None:
@@ -177,15 +244,14 @@ def _round(value: float | None) -> float | None:
 
 def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
     """Run the strength test with real processes against the configured store."""
-    from django.db import connections
-
-    database_names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+    database_names = current_database_names()
     context = multiprocessing.get_context("spawn")
     start = context.Event()
     with tempfile.TemporaryDirectory(prefix="djlocks-stress-") as workdir:
+        body = _runlocked_worker if plan.via == "runlocked" else _worker
         workers = [
             context.Process(
-                target=_worker,
+                target=body,
                 args=(plan, worker, database_names, workdir, start, worker < plan.kill),
                 daemon=True,
             )

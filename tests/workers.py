@@ -16,9 +16,9 @@ CONTEXT = multiprocessing.get_context("spawn")
 
 
 def start_worker(target: Any, *args: Any) -> BaseProcess:
-    from django.db import connections
+    from djlocks.stress import current_database_names
 
-    names = {alias: str(connections[alias].settings_dict["NAME"]) for alias in connections}
+    names = current_database_names()
     process = CONTEXT.Process(target=_bootstrap, args=(names, target, args), daemon=True)
     process.start()
     return process
@@ -26,10 +26,10 @@ def start_worker(target: Any, *args: Any) -> BaseProcess:
 
 def _bootstrap(names: dict[str, str], target: Any, args: tuple[Any, ...]) -> None:
     import django
-    from django.conf import settings
 
-    for alias, name in names.items():
-        settings.DATABASES[alias]["NAME"] = name
+    from djlocks.stress import pin_database_names
+
+    pin_database_names(names)
     django.setup()
     target(*args)
 

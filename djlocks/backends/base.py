@@ -66,6 +66,16 @@ class WaiterInfo:
     since: datetime
 
 
+@dataclass(frozen=True)
+class CooldownInfo:
+    """A released slot that may not be granted again before ``until`` (scenario S4)."""
+
+    name: str
+    backend: str
+    slot: int
+    until: datetime
+
+
 class LockBackend(ABC):
     """A lock store. Instances are shared by every thread of a process.
 
@@ -108,6 +118,18 @@ class LockBackend(ABC):
 
     @abstractmethod
     def waiters(self, name: str | None = None) -> list[WaiterInfo]: ...
+
+    @abstractmethod
+    def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
+        """Slots whose cool-down has not yet ended, by the store's clock."""
+
+    @abstractmethod
+    def sweep(self) -> dict[str, int]:
+        """Remove what dead holders and waiters left behind; return counts by kind.
+
+        Never needed for correctness (expired records are ignored); it bounds
+        the store's size. Safe to run at any time, from any process.
+        """
 
     @abstractmethod
     def force_release(self, name: str, token: str | None = None) -> int:

@@ -35,6 +35,7 @@ from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.base import (
     AcquireRequest,
+    CooldownInfo,
     GrantRecord,
     HolderInfo,
     LockBackend,
@@ -661,6 +662,38 @@ class LeaseBackend(LockBackend):
                 )
             )
         return waiting
+
+    def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
+        from djlocks.models import LeaseSlot
+
+        cooling = LeaseSlot.objects.using(self.using).filter(cooldown_until__gt=_db_now(self.using))
+        if name is not None:
+            cooling = cooling.filter(key=table_key(name))
+        return [
+            CooldownInfo(name=row.name, backend=self.alias, slot=row.slot, until=until)
+            for row in cooling.order_by("name", "slot")
+            if (until := row.cooldown_until) is not None
+        ]
+
+    def sweep(self) -> dict[str, int]:
+        """Delete dead waiters' records and clear expired grants' holder details.
+
+        Slot rows themselves are kept: each remembers the last fence issued on
+        it, and deleting it would let a later grant reuse a fence (G3).
+        """
+        now = self.dialect.now
+        dead_waiters = self._run(
+            lambda db: self._execute(db, f"DELETE FROM {WAITERS} WHERE expires_at <= {now}", ())
+        )
+        expired_grants = self._run(
+            lambda db: self._execute(
+                db,
+                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL "
+                f"WHERE token IS NOT NULL AND expires_at <= {now}",
+                (),
+            )
+        )
+        return {"expired grants": expired_grants, "dead waiters": dead_waiters}
 
     def force_release(self, name: str, token: str | None = None) -> int:
         sql = f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE name_key = %s"

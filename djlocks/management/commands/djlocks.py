@@ -1,27 +1,58 @@
-"""``manage.py djlocks SUBCOMMAND``: inspect locks and test their strength."""
+"""``manage.py djlocks list|show|release|sweep|stress``: inspect, force, clean, test."""
 
 from __future__ import annotations
 
 import json
+import sys
 from argparse import ArgumentParser
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from djlocks.backends import backends
+from djlocks.inspection import Snapshot, force_release, snapshot
 from djlocks.stress import StressPlan, run_stress
+
+USAGE_ERROR = 2
 
 
 class Command(BaseCommand):
-    help = "Inspect djlocks' locks and semaphores, and run the strength test."
+    help = "Inspect djlocks' locks and semaphores, release them by force, sweep, stress-test."
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         subcommands = parser.add_subparsers(dest="subcommand", required=True)
-        listing = subcommands.add_parser("list", help="Holders and waiters of every name.")
-        listing.add_argument("--backend", default=None, help="Only this backend alias.")
-        listing.add_argument(
-            "--json", action="store_true", dest="as_json", help="One JSON document."
+        listing = subcommands.add_parser(
+            "list", help="Every name with its holders, waiters and cool-downs."
         )
+        showing = subcommands.add_parser("show", help="One name in detail.")
+        showing.add_argument("name")
+        for inspecting in (listing, showing):
+            inspecting.add_argument("--backend", default=None, help="Only this backend alias.")
+            inspecting.add_argument(
+                "--json", action="store_true", dest="as_json", help="One JSON document."
+            )
+
+        releasing = subcommands.add_parser(
+            "release",
+            help="Take a name's grants away by force; each holder learns LockLost.",
+        )
+        releasing.add_argument("name")
+        releasing.add_argument("--backend", default=None, help="Only this backend alias.")
+        releasing.add_argument(
+            "--holder",
+            type=int,
+            default=None,
+            metavar="FENCE",
+            help="Only the grant with this fence (as `list` shows it); default: every holder.",
+        )
+        releasing.add_argument("--reason", default="", help="Recorded with the release.")
+        releasing.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+
+        subcommands.add_parser(
+            "sweep", help="Remove expired grants and dead waiters; safe to run from cron."
+        )
+
         stress = subcommands.add_parser(
             "stress",
             help="The strength test: processes increment a counter under the lock; "
@@ -35,39 +66,109 @@ class Command(BaseCommand):
         stress.add_argument("--ttl", type=float, default=30.0)
         stress.add_argument("--timeout", type=float, default=600.0, help="Seconds for the run.")
         stress.add_argument(
+            "--via",
+            choices=["api", "runlocked"],
+            default="api",
+            help="runlocked: each increment is a `manage.py runlocked NAME -- program` run.",
+        )
+        stress.add_argument(
             "--json", action="store_true", dest="as_json", help="End with one JSON line."
         )
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
-        if subcommand == "stress":
-            self.stress(**options)
-        else:
-            self.list(backend=options["backend"], as_json=options["as_json"])
+        try:
+            if options.get("backend"):
+                backends[options["backend"]]  # an unknown alias fails here, listing the known
+            getattr(self, subcommand)(**options)
+        except (ImproperlyConfigured, ValueError) as exc:
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
 
-    def list(self, *, backend: str | None, as_json: bool) -> None:
-        aliases = [backend] if backend else backends.aliases()
-        holders = [holder for alias in aliases for holder in backends[alias].holders()]
-        waiters = [waiter for alias in aliases for waiter in backends[alias].waiters()]
+    # -- list and show -------------------------------------------------------
+
+    def list(self, *, backend: str | None, as_json: bool, **unused: Any) -> None:
+        self._print(snapshot(backend=backend), as_json, nothing="No holders and no waiters.")
+
+    def show(self, *, name: str, backend: str | None, as_json: bool, **unused: Any) -> None:
+        self._print(
+            snapshot(name, backend),
+            as_json,
+            nothing=f"{name!r} is free: no holder, no waiter, no cool-down.",
+        )
+
+    def _print(self, found: Snapshot, as_json: bool, *, nothing: str) -> None:
         if as_json:
-            document = {
-                "holders": [{**vars(h), "token": None} for h in holders],
-                "waiters": [vars(w) for w in waiters],
-            }
-            self.stdout.write(json.dumps(document, default=str))
+            self.stdout.write(json.dumps(found.as_json(), default=str))
             return
-        for h in holders:
+        for h in found.holders:
+            expiry = "session" if h.expires_at is None else f"{h.expires_at:%H:%M:%S}"
+            connection = "" if h.connection_id is None else f"  connection {h.connection_id}"
             self.stdout.write(
                 f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {h.fence}  "
                 f"{h.host}:{h.pid} {h.thread}  since {h.since:%Y-%m-%d %H:%M:%S}  "
-                f"expires {h.expires_at:%H:%M:%S}  {h.label}"
+                f"expires {expiry}{connection}  {h.label}"
             )
-        for w in waiters:
+        for w in found.waiters:
             self.stdout.write(
                 f"{w.backend}  {w.name}  waiter #{w.position}  {w.host}:{w.pid} {w.thread}  "
                 f"since {w.since:%Y-%m-%d %H:%M:%S}  {w.label}"
             )
-        if not holders and not waiters:
-            self.stdout.write("No holders and no waiters.")
+        for c in found.cooldowns:
+            self.stdout.write(
+                f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {c.until:%H:%M:%S}"
+            )
+        if found.empty:
+            self.stdout.write(nothing)
+
+    # -- release -------------------------------------------------------------
+
+    def release(
+        self,
+        *,
+        name: str,
+        backend: str | None,
+        holder: int | None,
+        reason: str,
+        yes: bool,
+        **unused: Any,
+    ) -> None:
+        holders = snapshot(name, backend).holders
+        if holder is not None:
+            holders = [h for h in holders if h.fence == holder]
+        if not holders:
+            which = f"with fence {holder}" if holder is not None else "at all"
+            raise CommandError(f"Nobody holds {name!r} {which}; nothing to release.")
+        for h in holders:
+            self.stdout.write(
+                f"{h.backend}  {h.name}  slot {h.slot}  fence {h.fence}  "
+                f"held by {h.host}:{h.pid} since {h.since:%Y-%m-%d %H:%M:%S}  {h.label}"
+            )
+        if not yes:
+            self._confirm(len(holders))
+        released = force_release(holders, reason=reason)
+        self.stdout.write(
+            f"Released {released} grant(s) of {name!r}; each holder gets LockLost at its "
+            f"next check, renewal or release, and a runlocked holder stops its command."
+        )
+
+    def _confirm(self, count: int) -> None:
+        if not sys.stdin.isatty():
+            raise CommandError(
+                "Not asking for confirmation without a terminal: add --yes to release.",
+                returncode=USAGE_ERROR,
+            )
+        answer = input(f"Release these {count} grant(s) by force? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CommandError("Nothing released.")
+
+    # -- sweep ---------------------------------------------------------------
+
+    def sweep(self, **unused: Any) -> None:
+        for alias in backends.aliases():
+            removed = backends[alias].sweep()
+            summary = ", ".join(f"{count} {kind}" for kind, count in removed.items())
+            self.stdout.write(f"{alias}: {summary or 'nothing to sweep'}")
+
+    # -- stress --------------------------------------------------------------
 
     def stress(
         self,
@@ -79,16 +180,20 @@ class Command(BaseCommand):
         hold_ms: float,
         ttl: float,
         timeout: float,
+        via: str,
         as_json: bool,
         **unused: Any,
     ) -> None:
         if processes < 1 or iterations < 1 or limit < 1:
-            raise CommandError("--processes, --iterations and --limit must be at least 1.")
-        backends[backend]  # an unknown alias fails here, with the configured ones listed
-        plan = StressPlan(backend, processes, iterations, limit, hold_ms, ttl)
+            raise CommandError(
+                "--processes, --iterations and --limit must be at least 1.",
+                returncode=USAGE_ERROR,
+            )
+        plan = StressPlan(backend, processes, iterations, limit, hold_ms, ttl, via=via)
         kind = "lock" if limit == 1 else f"semaphore (limit {limit})"
+        through = " through runlocked" if via == "runlocked" else ""
         self.stdout.write(
-            f"Strength test of a {kind} on backend {backend!r}: "
+            f"Strength test of a {kind}{through} on backend {backend!r}: "
             f"{processes} processes x {iterations} iterations ..."
         )
         result = run_stress(plan, timeout=timeout)

@@ -1,0 +1,76 @@
+"""What the stores say about names: holders, waiters and cool-downs across backends.
+
+Shared by ``manage.py djlocks list|show|release`` (and, later, the admin), so
+that every view of the truth asks the stores the same way (G13).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from djlocks.backends import backends
+from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
+
+force_release_log = logging.getLogger("djlocks.force_release")
+
+
+@dataclass
+class Snapshot:
+    """Holders, waiters and cool-downs of some names, as the stores answered."""
+
+    holders: list[HolderInfo] = field(default_factory=list)
+    waiters: list[WaiterInfo] = field(default_factory=list)
+    cooldowns: list[CooldownInfo] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.holders or self.waiters or self.cooldowns)
+
+    def as_json(self) -> dict[str, list[dict[str, Any]]]:
+        """Plain data; owner tokens are left out, since a token lets its bearer release."""
+        return {
+            "holders": [{k: v for k, v in asdict(h).items() if k != "token"} for h in self.holders],
+            "waiters": [asdict(w) for w in self.waiters],
+            "cooldowns": [asdict(c) for c in self.cooldowns],
+        }
+
+
+def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
+    """Ask each backend (or only ``backend``) about ``name`` (or every name)."""
+    found = Snapshot()
+    for alias in [backend] if backend else backends.aliases():
+        store = backends[alias]
+        found.holders.extend(store.holders(name))
+        found.waiters.extend(store.waiters(name))
+        found.cooldowns.extend(store.cooldowns(name))
+    return found
+
+
+def force_release(holders: list[HolderInfo], *, by: str | None = None, reason: str = "") -> int:
+    """Take each grant away by its owner token; return how many were still live.
+
+    A grant that ended meanwhile is left alone, and so is whoever holds the
+    slot now: release is by token, never by name (G7, G13). The holder learns
+    ``LockLost`` at its next check, renewal or release.
+    """
+    operator = by or getpass.getuser()
+    released = 0
+    for holder in holders:
+        count = backends[holder.backend].force_release(holder.name, holder.token)
+        released += count
+        if count:
+            force_release_log.warning(
+                "forced release of %s slot %s (fence %s, held by %s pid %s, %s) by %s: %s",
+                holder.name,
+                holder.slot,
+                holder.fence,
+                holder.host,
+                holder.pid,
+                holder.label,
+                operator,
+                reason or "no reason given",
+            )
+    return released

@@ -1,0 +1,124 @@
+"""``manage.py runlocked NAME [options] -- COMMAND [ARG ...]``: see ``djlocks.runlocked``."""
+
+from __future__ import annotations
+
+import sys
+from argparse import ArgumentParser
+from typing import Any, NoReturn
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError
+
+from djlocks.backends import backends
+from djlocks.exceptions import BackendUnavailable
+from djlocks.runlocked import (
+    EXIT_CONFLICT,
+    EXIT_LOST,
+    EXIT_UNAVAILABLE,
+    RunLockedPlan,
+    Supervisor,
+)
+
+USAGE_ERROR = 2
+
+
+class Command(BaseCommand):
+    help = (
+        "Run COMMAND while holding the lock NAME (or one of --limit slots), renewing its "
+        "lease while it runs and releasing it on every exit path. Exit status: the "
+        f"command's own; 128+N if it died by signal N; {EXIT_CONFLICT} (or "
+        f"--conflict-exit-code) if the lock was not acquired; {EXIT_LOST} if the lock was "
+        f"lost while the command ran (the command is then terminated); {EXIT_UNAVAILABLE} "
+        f"if the lock store could not be reached; {USAGE_ERROR} for bad usage."
+    )
+    # Start-up time matters for a cron wrapper; `manage.py check` covers the checks.
+    requires_system_checks: list[str] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.command_to_run: list[str] | None = None
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.usage = "%(prog)s NAME [options] -- COMMAND [ARG ...]"
+        parser.add_argument("name", help="The lock's name, shared by every server's crontab.")
+        parser.add_argument(
+            "--limit", type=int, default=1, help="Run at most N at once (a semaphore)."
+        )
+        wait = parser.add_mutually_exclusive_group()
+        wait.add_argument(
+            "--timeout", type=float, default=None, help="Seconds to wait (default: forever)."
+        )
+        wait.add_argument("-n", "--nonblock", action="store_true", help="Try once; do not wait.")
+        parser.add_argument("--ttl", type=float, default=None, help="Lease length in seconds.")
+        parser.add_argument(
+            "--cooldown",
+            type=float,
+            default=0.0,
+            help="Seconds the name stays unavailable after the command ends.",
+        )
+        parser.add_argument("--backend", default="default", help="An alias of DJLOCKS.")
+        parser.add_argument(
+            "--label", default=None, help="What operators see (default: the command line)."
+        )
+        parser.add_argument(
+            "--conflict-exit-code",
+            type=int,
+            default=EXIT_CONFLICT,
+            help=f"Exit status when the lock is not acquired (default {EXIT_CONFLICT}).",
+        )
+        parser.add_argument(
+            "--kill-after",
+            type=float,
+            default=10.0,
+            help="Seconds between SIGTERM and SIGKILL when the lock is lost (default 10).",
+        )
+        parser.add_argument(
+            "-q", "--quiet", action="store_true", help="Say nothing (same as -v 0)."
+        )
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        """Split ``manage.py runlocked ... -- COMMAND`` at the first ``--``."""
+        if "--" not in argv and not {"-h", "--help"} & set(argv):
+            self._usage_error(argv, "put the command to run after --, e.g. runlocked NAME -- true")
+        separator = argv.index("--") if "--" in argv else len(argv)
+        self.command_to_run = argv[separator + 1 :]
+        if not self.command_to_run and separator < len(argv):
+            self._usage_error(argv, "no command after --")
+        super().run_from_argv(argv[:separator])
+
+    def _usage_error(self, argv: list[str], message: str) -> NoReturn:
+        self._called_from_command_line = True
+        self.create_parser(argv[0], argv[1]).error(message)
+        raise AssertionError("unreachable: argparse exits")
+
+    def handle(self, *args: Any, **options: Any) -> NoReturn:
+        if not self.command_to_run:
+            raise CommandError(
+                "runlocked runs the command given after -- on the command line; "
+                "from Python code use `with djlocks.db_lock(NAME):` instead.",
+                returncode=USAGE_ERROR,
+            )
+        verbosity = 0 if options["quiet"] else options["verbosity"]
+        try:
+            backends[options["backend"]]
+            plan = RunLockedPlan(
+                name=options["name"],
+                command=self.command_to_run,
+                limit=options["limit"],
+                timeout=0.0 if options["nonblock"] else options["timeout"],
+                ttl=options["ttl"],
+                cooldown=options["cooldown"],
+                backend=options["backend"],
+                label=options["label"],
+                conflict_exit_code=options["conflict_exit_code"],
+                kill_after=options["kill_after"],
+                verbosity=verbosity,
+            )
+            supervisor = Supervisor(plan, report=sys.stderr)
+        except (ValueError, TypeError, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        try:
+            status = supervisor.run()
+        except BackendUnavailable as exc:
+            raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
+        sys.exit(status)

@@ -1,0 +1,342 @@
+"""Run a command while holding a lock or a semaphore slot (scenarios S1, S2, S4, S8).
+
+The supervisor's main thread sleeps in one ``select()`` on a self-pipe, and
+everything that can happen wakes it there: a signal (through
+``signal.set_wakeup_fd``, SIGCHLD included), the acquire finishing in its own
+thread, the heartbeat reporting the grant lost. Nothing is polled.
+
+The command runs in its own process group, so forwarded signals and a lost
+grant's SIGTERM/SIGKILL reach everything it started (a ``sh -c`` pipeline
+too). On Linux it also gets SIGKILL as a parent-death signal
+(``prctl(PR_SET_PDEATHSIG)``): if runlocked itself is SIGKILLed, the lease is
+no longer renewed and the command must not keep running unsupervised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.core import Lock, Semaphore
+from djlocks.exceptions import BackendUnavailable, LockLost
+from djlocks.grant import Grant
+from djlocks.heartbeat import heartbeat
+
+#: Exit status when the lock was not acquired (EX_TEMPFAIL); ``--conflict-exit-code`` changes it.
+EXIT_CONFLICT = 75
+#: Exit status when the grant was lost while the command ran (EX_PROTOCOL).
+EXIT_LOST = 76
+#: Exit status when the lock store could not be reached (EX_UNAVAILABLE).
+EXIT_UNAVAILABLE = 69
+#: Exit status when the command could not be started (as a shell reports it).
+EXIT_NOT_FOUND = 127
+#: Signals passed on to the command's process group.
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RunLockedPlan:
+    """What ``manage.py runlocked`` was asked to do; seconds throughout."""
+
+    name: str
+    command: list[str]
+    limit: int = 1
+    timeout: float | None = None
+    ttl: float | None = None
+    cooldown: float = 0.0
+    backend: str = "default"
+    label: str | None = None
+    conflict_exit_code: int = EXIT_CONFLICT
+    kill_after: float = 10.0
+    verbosity: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("Give the command to run after --, e.g. runlocked NAME -- true.")
+        if not 0 <= self.kill_after < float("inf"):
+            raise ValueError(f"--kill-after must be 0 or more seconds, not {self.kill_after}.")
+        if not 0 <= self.conflict_exit_code <= 255:
+            raise ValueError(
+                f"--conflict-exit-code must be an exit status from 0 to 255, "
+                f"not {self.conflict_exit_code}."
+            )
+
+    def spec(self, on_lost: Callable[[Grant, str], None]) -> Lock:
+        """Build (and so validate) the lock; renewal starts only once the command runs."""
+        options: dict[str, Any] = {
+            "timeout": self.timeout,
+            "ttl": self.ttl,
+            "cooldown": self.cooldown,
+            "backend": self.backend,
+            "label": self.label if self.label is not None else shlex.join(self.command),
+            "renew": False,
+            "on_lost": on_lost,
+        }
+        if self.limit == 1:
+            return Lock(self.name, **options)
+        return Semaphore(self.name, limit=self.limit, **options)
+
+
+class _Wakeup:
+    """A self-pipe the main thread sleeps on; signals and other threads write to it."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    @property
+    def signal_fd(self) -> int:
+        return self._write
+
+    def poke(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe already wakes the reader
+            os.write(self._write, b"\0")
+
+    def sleep(self, seconds: float | None) -> None:
+        """Return when poked or signalled, or after ``seconds`` (``None``: no limit)."""
+        select.select([self._read], [], [], seconds)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read, 512):
+                pass
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
+
+
+class Supervisor:
+    """Acquire, run the command, keep the lease renewed, release; see the module docstring."""
+
+    def __init__(self, plan: RunLockedPlan, report: TextIO) -> None:
+        self.plan = plan
+        self.report = report
+        self.spec = plan.spec(on_lost=self._grant_lost)
+        self._wakeup = _Wakeup()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._pending_signal: int | None = None  # received while no command ran
+        self._lost: str | None = None
+
+    def run(self) -> int:
+        """Return runlocked's exit status (see the ``EXIT_*`` constants).
+
+        Raises ``BackendUnavailable`` when the store cannot be reached to acquire.
+        """
+        try:
+            with self._signals_routed():
+                grant = self._acquire()
+                if grant is None:
+                    if self._pending_signal is not None:
+                        return 128 + self._pending_signal
+                    return self.plan.conflict_exit_code
+                return self._run_command(grant)
+        finally:
+            self._wakeup.close()
+
+    # -- signals -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _signals_routed(self) -> Iterator[None]:
+        routed = (*FORWARDED, signal.SIGCHLD)
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in routed}
+        previous_fd = signal.set_wakeup_fd(self._wakeup.signal_fd, warn_on_full_buffer=False)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(previous_fd)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """Runs in the main thread; the wake-up byte is already in the pipe."""
+        if signum == signal.SIGCHLD:
+            return
+        if self._child is None:
+            self._pending_signal = signum
+        else:
+            self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        # Only the main thread reaps the command, and it does so after its last
+        # signal, so the group id cannot have been reused by another process.
+        assert self._child is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._child.pid, signum)
+
+    def _grant_lost(self, grant: Grant, reason: str) -> None:
+        """Called by the heartbeat thread."""
+        self._lost = reason
+        self._wakeup.poke()
+
+    # -- acquire -------------------------------------------------------------
+
+    def _acquire(self) -> Grant | None:
+        """Acquire in a thread, so that a signal can abort the wait cleanly (G6)."""
+        abort, done = threading.Event(), threading.Event()
+        outcome: list[Grant | BaseException | None] = []
+
+        def attempt() -> None:
+            try:
+                outcome.append(self._acquire_telling_who_holds(abort))
+            except BaseException as exc:  # handed to the main thread, which re-raises
+                outcome.append(exc)
+            finally:
+                done.set()
+                self._wakeup.poke()
+
+        thread = threading.Thread(target=attempt, name="djlocks-runlocked-acquire", daemon=True)
+        thread.start()
+        while not done.is_set():
+            self._wakeup.sleep(None)
+            if self._pending_signal is not None:
+                abort.set()
+        thread.join()
+        # The acquiring thread's connection is not needed any more; renewal and
+        # release use their own.
+        DedicatedConnections.close_all()
+        result = outcome[0]
+        if isinstance(result, BaseException):
+            raise result
+        if result is not None and self._pending_signal is not None:
+            self._release(result)  # a termination signal came first: never start
+            return None
+        if result is None and self._pending_signal is None:
+            self._say_not_acquired()
+        return result
+
+    def _acquire_telling_who_holds(self, abort: threading.Event) -> Grant | None:
+        started = time.monotonic()
+        grant = self.spec.acquire_grant(blocking=False, abort=abort)
+        if grant is not None or self.plan.timeout == 0:
+            return grant
+        if self._chatty():
+            self._say(f"waiting for {self._what()}, held by {self._holders()}")
+        timeout = self.plan.timeout
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return self.spec.acquire_grant(timeout=left, abort=abort)
+
+    # -- the command ---------------------------------------------------------
+
+    def _run_command(self, grant: Grant) -> int:
+        if self._pending_signal is not None:
+            self._release(grant)
+            return 128 + self._pending_signal
+        if self.plan.verbosity >= 2:
+            self._say(f"acquired {self._what()}: slot {grant.slot}, fence {grant.fence}")
+        environment = {
+            **os.environ,
+            "DJLOCKS_NAME": self.plan.name,
+            "DJLOCKS_SLOT": str(grant.slot),
+            "DJLOCKS_FENCE": str(grant.fence),
+        }
+        try:
+            self._child = subprocess.Popen(
+                self.plan.command,
+                env=environment,
+                process_group=0,
+                preexec_fn=_dies_with_parent(os.getpid()),
+            )
+        except OSError as exc:
+            self._say(f"cannot run {shlex.join(self.plan.command)}: {exc}")
+            self._release(grant)
+            return EXIT_NOT_FOUND
+        if self._pending_signal is not None:  # arrived while the command was being started
+            self._signal_group(self._pending_signal)
+        heartbeat.add(grant)
+        status = self._wait_for_command()
+        self._release(grant)
+        if self._lost is not None:
+            self._say(f"lost {self._what()} while the command ran: {self._lost}")
+            return EXIT_LOST
+        if self.plan.verbosity >= 2:
+            self._say(f"released {self._what()}; the command exited with status {status}")
+        return status
+
+    def _wait_for_command(self) -> int:
+        """Wait for the command; if the grant is lost, SIGTERM its group, then SIGKILL."""
+        assert self._child is not None
+        kill_at: float | None = None
+        while (returncode := self._child.poll()) is None:
+            self._wakeup.sleep(None if kill_at is None else max(0.0, kill_at - time.monotonic()))
+            if self._lost is not None and kill_at is None:
+                self._say(f"lost {self._what()} ({self._lost}): terminating the command")
+                self._signal_group(signal.SIGTERM)
+                kill_at = time.monotonic() + self.plan.kill_after
+            elif kill_at is not None and time.monotonic() >= kill_at:
+                self._say(f"the command outlived SIGTERM by {self.plan.kill_after} s: SIGKILL")
+                self._signal_group(signal.SIGKILL)
+                kill_at = float("inf")
+        return returncode if returncode >= 0 else 128 - returncode
+
+    def _release(self, grant: Grant) -> None:
+        try:
+            grant.release()
+        except LockLost as exc:
+            self._lost = self._lost or str(exc)
+        except BackendUnavailable as exc:
+            self._say(f"could not release {self._what()} ({exc}); its lease ends at its TTL")
+
+    # -- messages ------------------------------------------------------------
+
+    def _what(self) -> str:
+        if self.plan.limit == 1:
+            return f"lock {self.plan.name!r}"
+        return f"a slot of {self.plan.name!r} (limit {self.plan.limit})"
+
+    def _holders(self) -> str:
+        holders = self.spec.backend.holders(self.plan.name)
+        if not holders:
+            return "nobody (it is in a cool-down or others wait ahead)"
+        return "; ".join(
+            f"{h.host} pid {h.pid} since {h.since:%Y-%m-%d %H:%M:%S} ({h.label})" for h in holders
+        )
+
+    def _chatty(self) -> bool:
+        """Say what runlocked waits for on a terminal, or always at verbosity 2 and up."""
+        return self.plan.verbosity >= 2 or (self.plan.verbosity >= 1 and self.report.isatty())
+
+    def _say_not_acquired(self) -> None:
+        if self._chatty():
+            self._say(
+                f"{self._what()} was not acquired within {self.plan.timeout or 0} s; "
+                f"held by {self._holders()}"
+            )
+
+    def _say(self, message: str) -> None:
+        if self.plan.verbosity >= 1:
+            self.report.write(f"runlocked: {message}\n")
+            self.report.flush()
+
+
+def _dies_with_parent(parent: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the command when runlocked dies.
+
+    Resolved before ``fork()``; runs in the child with only the forking
+    thread alive (runlocked starts the heartbeat only after the command).
+    Elsewhere there is no such request, and a SIGKILLed runlocked leaves its
+    command running: that is documented.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def die_with_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # runlocked died before the request took effect
+            os._exit(EXIT_LOST)
+
+    return die_with_parent

@@ -1,0 +1,209 @@
+"""``manage.py runlocked``: RELIABILITY.md item 24 and the issue's behaviours, with
+real processes (runlocked, its command and, where needed, another holder)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from djlocks import Lock
+from djlocks.backends import backends
+from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
+from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def manage(*args: str, **popen: object) -> subprocess.Popen[str]:
+    """``manage.py ARGS`` against the test database, as a real process."""
+    command = [*manage_command(current_database_names()), *args]
+    return subprocess.Popen(command, text=True, **popen)  # type: ignore[call-overload]
+
+
+def runlocked(*args: str, **popen: object) -> subprocess.Popen[str]:
+    return manage("runlocked", *args, **popen)
+
+
+def finished(process: subprocess.Popen[str], timeout: float = 30) -> int:
+    return process.wait(timeout)
+
+
+def wait_for_file(path: Path, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by its parent) counts as dead.
+    return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def wait_until_dead(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} is still running"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def held() -> Iterator[Lock]:
+    """The lock 'job' held by this test process while the test runs."""
+    lock = Lock("job", ttl=30)
+    assert lock.acquire(timeout=0)
+    yield lock
+    lock.release()
+
+
+def test_conflict_exits_75_or_the_chosen_status(held: Lock) -> None:
+    assert finished(runlocked("job", "-n", "--", "true")) == EXIT_CONFLICT == 75
+    assert finished(runlocked("job", "-n", "--conflict-exit-code", "9", "--", "true")) == 9
+    began = time.monotonic()
+    assert finished(runlocked("job", "--timeout", "0.5", "--", "true")) == EXIT_CONFLICT
+    assert time.monotonic() - began >= 0.5
+
+
+def test_the_commands_exit_status_is_passed_through() -> None:
+    assert finished(runlocked("job", "--", "sh", "-c", "exit 7")) == 7
+    assert finished(runlocked("job", "--", "sh", "-c", "kill -KILL $$")) == 128 + 9
+    assert finished(runlocked("job", "--", "no-such-program-anywhere")) == 127
+    assert backends["default"].holders("job") == []
+
+
+def test_the_command_gets_the_grant_in_its_environment(tmp_path: Path) -> None:
+    out = tmp_path / "grant"
+    script = f'echo "$DJLOCKS_NAME $DJLOCKS_SLOT $DJLOCKS_FENCE" > {out}'
+    assert finished(runlocked("job", "--", "sh", "-c", script)) == 0
+    name, slot, fence = out.read_text().split()
+    assert (name, slot) == ("job", "0") and int(fence) >= 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_signals_reach_the_whole_group_of_a_sh_command(tmp_path: Path, signum: int) -> None:
+    shell_pid, background_pid = tmp_path / "shell", tmp_path / "background"
+    # A background child of sh, which a signal sent to sh alone would not reach.
+    # It restores SIGINT's default first: sh makes background jobs ignore SIGINT.
+    background = (
+        "import os, signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"open({str(background_pid)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    script = f'python3 -c "{background}" & echo $$ > {shell_pid}; wait'
+    wrapper = runlocked("job", "--", "sh", "-c", script)
+    shell, child = int(wait_for_file(shell_pid)), int(wait_for_file(background_pid))
+    wrapper.send_signal(signum)
+    assert finished(wrapper) == 128 + signum
+    wait_until_dead(child, timeout=5)
+    assert not alive(shell)
+    assert backends["default"].holders("job") == [], "runlocked must release after the command"
+
+
+def test_a_signal_while_waiting_means_the_command_never_starts(tmp_path: Path, held: Lock) -> None:
+    marker = tmp_path / "started"
+    wrapper = runlocked("job", "-v", "2", "--", "touch", str(marker), stderr=subprocess.PIPE)
+    assert wrapper.stderr is not None
+    assert "waiting for lock 'job', held by" in wrapper.stderr.readline()
+    wrapper.send_signal(signal.SIGTERM)
+    assert finished(wrapper) == 128 + signal.SIGTERM
+    wrapper.stderr.close()
+    assert not marker.exists()
+    assert backends["default"].waiters("job") == []
+
+
+def test_sigkill_of_runlocked_kills_its_command_and_the_lease_frees(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    wrapper = runlocked(
+        "job", "--ttl", "1", "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"
+    )
+    command = int(wait_for_file(pid_file))
+    wrapper.kill()
+    assert finished(wrapper) == -signal.SIGKILL
+    wait_until_dead(command, timeout=2)  # the parent-death signal
+    began = time.monotonic()
+    lock = Lock("job", ttl=5)
+    assert lock.acquire(timeout=3), "the lease of a killed runlocked must expire at its TTL"
+    assert time.monotonic() - began < 1 + 1
+    lock.release()
+
+
+def test_forced_release_terminates_the_group_escalating_to_sigkill(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    stubborn = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.05; done"
+    wrapper = runlocked("job", "--ttl", "1.5", "--kill-after", "0.5", "--", "sh", "-c", stubborn)
+    command = int(wait_for_file(pid_file))
+    release = manage("djlocks", "release", "job", "--yes", "--reason", "t", stdout=subprocess.PIPE)
+    output, _ = release.communicate(timeout=30)
+    assert release.returncode == 0 and "Released 1 grant" in output
+    began = time.monotonic()
+    assert finished(wrapper) == EXIT_LOST == 76
+    # Noticed at the next renewal (every TTL/3), then SIGTERM, ignored, then SIGKILL.
+    assert time.monotonic() - began < 0.5 + 0.5 + 1
+    wait_until_dead(command, timeout=1)
+
+
+def test_a_pause_past_the_lease_loses_it_and_stops_the_command(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    wrapper = runlocked(
+        "job", "--ttl", "0.6", "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"
+    )
+    command = int(wait_for_file(pid_file))
+    wrapper.send_signal(signal.SIGSTOP)
+    other = Lock("job", ttl=5)
+    assert other.acquire(timeout=5), "the paused holder's lease must expire"
+    wrapper.send_signal(signal.SIGCONT)
+    assert finished(wrapper) == EXIT_LOST
+    wait_until_dead(command, timeout=1)
+    other.release()
+
+
+def test_cooldown_keeps_the_name_unavailable_after_the_command() -> None:
+    assert finished(runlocked("job", "--cooldown", "1.5", "--", "sh", "-c", "exit 3")) == 3
+    assert [c.name for c in backends["default"].cooldowns()] == ["job"]
+    assert finished(runlocked("job", "-n", "--", "true")) == EXIT_CONFLICT
+    time.sleep(1.6)
+    assert finished(runlocked("job", "-n", "--", "true")) == 0
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["job", "true"],  # no --
+        ["job", "--"],  # no command
+        ["--", "true"],  # no name
+        ["job", "--backend", "nowhere", "--", "true"],
+        ["job", "--limit", "0", "--", "true"],
+        ["job", "--timeout", "-1", "--", "true"],
+        ["", "--", "true"],
+        ["job", "--kill-after", "-1", "--", "true"],
+    ],
+)
+def test_bad_usage_exits_2_with_a_message(arguments: list[str]) -> None:
+    wrapper = runlocked(*arguments, stderr=subprocess.PIPE)
+    _, error = wrapper.communicate(timeout=30)
+    assert wrapper.returncode == 2
+    assert error.strip(), "say what was wrong"
+
+
+def test_runlocked_lock_strength_test_with_8_processes() -> None:
+    plan = StressPlan("default", processes=8, iterations=8, via="runlocked")
+    result = run_stress(plan, timeout=240)
+    assert result.ok, result
+    assert result.counter == 64
+
+
+def test_runlocked_limit_3_with_8_processes_reaches_3_never_more() -> None:
+    plan = StressPlan("default", processes=8, iterations=4, limit=3, hold_ms=150, via="runlocked")
+    result = run_stress(plan, timeout=240)
+    assert result.ok, result
+    assert result.max_concurrent == 3
