@@ -21,6 +21,7 @@ demo: setup
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py djlocks stress --processes 8 --iterations 100
 	$(PY) manage.py djlocks stress --processes 8 --iterations 50 --limit 3 --hold-ms 5
+	$(PY) manage.py djlocks stress --processes 8 --iterations 10 --via runlocked
 	DJANGO_SUPERUSER_PASSWORD=demo $(PY) manage.py createsuperuser --noinput \
 	  --username demo --email demo@example.com 2>/dev/null || true
 	@echo "Admin: http://127.0.0.1:8000/admin/  (user demo, password demo)"

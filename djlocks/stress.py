@@ -18,7 +18,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -28,6 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from djlocks.stress_increment import increment, record_hold
 
 
 @dataclass(frozen=True)
@@ -107,22 +108,12 @@ def _worker(
         )
     )
     start.wait()
-    with Path(workdir, f"worker-{worker}.jsonl").open("a", buffering=1) as log:
-        for iteration in range(plan.iterations):
-            with spec as grant:
-                began = time.monotonic_ns()
-                counter = Path(workdir, f"counter-{grant.slot}")
-                value = int(counter.read_text() or 0) if counter.exists() else 0
-                if victim and iteration == plan.iterations // 2:
-                    os.kill(os.getpid(), signal.SIGKILL)  # dies holding: the lease must expire
-                if plan.hold_ms:
-                    time.sleep(random.uniform(0, 2 * plan.hold_ms) / 1000)
-                else:
-                    os.sched_yield()
-                counter.write_text(str(value + 1))
-                ended = time.monotonic_ns()
-            record = {"start": began, "end": ended, "fence": grant.fence, "slot": grant.slot}
-            log.write(json.dumps(record) + "\n")
+    for iteration in range(plan.iterations):
+        with spec as grant:
+            if victim and iteration == plan.iterations // 2:
+                os.kill(os.getpid(), signal.SIGKILL)  # dies holding: the lease must expire
+            interval = increment(workdir, grant.slot, plan.hold_ms)
+        record_hold(workdir, worker, interval, grant.fence, grant.slot)
 
 
 def _runlocked_worker(

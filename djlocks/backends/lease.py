@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, IntegrityError
+from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
@@ -191,8 +191,14 @@ class LeaseBackend(LockBackend):
                 self._connections.discard()
                 if attempt + 1 < attempts:
                     continue
+                hint = (
+                    " Have the djlocks migrations been applied (manage.py migrate djlocks)?"
+                    if isinstance(exc, ProgrammingError)
+                    else ""
+                )
                 raise BackendUnavailable(
-                    f"djlocks backend {self.alias!r} could not use database {self.using!r}: {exc}"
+                    f"djlocks backend {self.alias!r} could not use database "
+                    f"{self.using!r}: {exc}.{hint}"
                 ) from exc
         raise AssertionError("unreachable")
 
@@ -352,9 +358,9 @@ class LeaseBackend(LockBackend):
                     (token,),
                 )
             )
-        except BackendUnavailable:
+        except BackendUnavailable as exc:
             acquire_log.warning(
-                "could not clean up token %s; it expires at its TTL", token, exc_info=True
+                "could not clean up token %s (%s); it expires at its TTL", token, exc
             )
 
     def _claim_lock(

@@ -1,0 +1,121 @@
+"""``manage.py djlocks list|show|release|sweep`` against the real store."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from djlocks import Lock, LockLost, Semaphore
+from djlocks.backends import backends
+from djlocks.models import LeaseWaiter
+from djlocks.signals import lock_lost
+from tests.workers import CONTEXT, start_worker, wait_in_line
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def djlocks(*args: str) -> str:
+    out = StringIO()
+    call_command("djlocks", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_list_json_is_the_stores_truth() -> None:
+    lock = Lock("cmd:lock", ttl=30, label="nightly import")
+    semaphore = Semaphore("cmd:sem", limit=3, ttl=30)
+    with Lock("cmd:cool", cooldown=30):
+        pass
+    report = CONTEXT.Queue()
+    with lock, semaphore, semaphore:
+        waiter = start_worker(wait_in_line, "cmd:lock", "in line", report)
+        deadline = time.monotonic() + 20
+        while not backends["default"].waiters("cmd:lock"):
+            assert time.monotonic() < deadline, "the worker never queued"
+            time.sleep(0.05)
+        document = json.loads(djlocks("list", "--json"))
+        store = backends["default"]
+        assert [(h["name"], h["slot"], h["fence"], h["label"]) for h in document["holders"]] == [
+            (h.name, h.slot, h.fence, h.label) for h in store.holders()
+        ]
+        assert len(document["holders"]) == 3
+        assert all("token" not in h for h in document["holders"]), "tokens stay secret"
+        assert [(w["name"], w["label"], w["position"]) for w in document["waiters"]] == [
+            ("cmd:lock", "in line", 0)
+        ]
+        assert [(c["name"], c["slot"]) for c in document["cooldowns"]] == [("cmd:cool", 0)]
+    assert report.get(timeout=20)[0] == "in line"
+    waiter.join(20)
+    assert waiter.exitcode == 0
+
+
+def test_show_tells_one_name_in_detail() -> None:
+    with Lock("cmd:shown", ttl=30, label="report run") as grant:
+        shown = djlocks("show", "cmd:shown")
+        assert "cmd:shown" in shown and "report run" in shown and f"fence {grant.fence}" in shown
+        assert "cmd:other" not in djlocks("show", "cmd:shown")
+    assert "is free" in djlocks("show", "cmd:shown")
+
+
+def test_release_by_fence_takes_only_that_grant() -> None:
+    semaphore = Semaphore("cmd:pool", limit=2, ttl=30, renew=False)
+    first, second = semaphore.acquire_grant(), semaphore.acquire_grant()
+    assert first is not None and second is not None
+    lost: list[str] = []
+
+    def note(grant: object, reason: str, **kwargs: object) -> None:
+        lost.append(reason)
+
+    lock_lost.connect(note)
+    try:
+        output = djlocks("release", "cmd:pool", "--holder", str(second.fence), "--yes")
+        assert "Released 1 grant" in output
+        assert [h.fence for h in backends["default"].holders("cmd:pool")] == [first.fence]
+        with pytest.raises(LockLost):
+            second.check()
+        assert lost, "the lock_lost signal tells the holder"
+    finally:
+        lock_lost.disconnect(note)
+    first.release()
+    with pytest.raises(LockLost):
+        second.release()
+
+
+def test_release_without_yes_and_without_a_terminal_releases_nothing() -> None:
+    with Lock("cmd:kept", ttl=30):
+        with pytest.raises(CommandError, match="--yes") as refused:
+            djlocks("release", "cmd:kept")
+        assert refused.value.returncode == 2
+        assert len(backends["default"].holders("cmd:kept")) == 1
+
+
+def test_releasing_a_free_name_says_so() -> None:
+    with pytest.raises(CommandError, match="Nobody holds 'cmd:free'"):
+        djlocks("release", "cmd:free", "--yes")
+
+
+def test_unknown_backend_is_a_usage_error() -> None:
+    with pytest.raises(CommandError, match="configured: default") as refused:
+        djlocks("list", "--backend", "nowhere")
+    assert refused.value.returncode == 2
+
+
+def test_sweep_removes_expired_grants_and_dead_waiters() -> None:
+    lapsed = Lock("cmd:lapsed", ttl=0.3, renew=False)
+    grant = lapsed.acquire_grant()
+    assert grant is not None
+    long_ago = timezone.now() - timedelta(hours=1)
+    LeaseWaiter.objects.create(
+        key="0" * 64, name="cmd:dead", pid=1, since=long_ago, expires_at=long_ago
+    )
+    time.sleep(0.4)
+    assert djlocks("sweep") == "default: 1 expired grants, 1 dead waiters\n"
+    assert not LeaseWaiter.objects.exists()
+    with pytest.raises(LockLost):
+        grant.release()
+    assert djlocks("sweep") == "default: 0 expired grants, 0 dead waiters\n"
