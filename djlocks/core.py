@@ -23,7 +23,7 @@ from djlocks.arguments import (
     validate_name,
 )
 from djlocks.backends import backends
-from djlocks.backends.base import AcquireRequest, LockBackend
+from djlocks.backends.base import Abort, AcquireRequest, LockBackend
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import LockLost, NotAcquired, NotHeld
 from djlocks.grant import Grant
@@ -141,11 +141,11 @@ class Lock:
         self,
         blocking: bool = True,
         timeout: Any = _USE_SPEC,
-        abort: threading.Event | None = None,
+        abort: Abort | None = None,
     ) -> Grant | None:
         """Like ``acquire()``, but return the ``Grant`` (``None`` on time-out).
 
-        ``abort`` (a ``threading.Event``) set by another thread ends the wait
+        ``abort`` (``djlocks.backends.base.Abort``) set by another thread ends the wait
         early with ``None``. The grant is released with ``grant.release()``
         from any thread, or with ``release()`` from the acquiring one.
         """
@@ -168,7 +168,7 @@ class Lock:
             acquire_log.debug("not acquired %s within %s s", self.name, wait)
             return None
         grant = Grant(self, backend, record, ttl, started, self.on_lost)
-        if backend.leases and self.renew:
+        if self.renew:
             heartbeat.add(grant)
         with self._held_guard:
             self._held.setdefault(_holder_key(), []).append(grant)
@@ -212,7 +212,7 @@ class Lock:
         self.release()
 
     async def __aenter__(self) -> Grant:
-        abort = threading.Event()
+        abort = Abort()
         attempt = asyncio.ensure_future(
             sync_to_async(self.acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)
         )

@@ -29,3 +29,8 @@ class LockLost(LockError):
 
 class BackendUnavailable(LockError):
     """The lock store could not be reached; the message names the store and the cause."""
+
+
+class LockDeadlock(NotAcquired):
+    """The database found that this wait completes a cycle of lock waits and refused it
+    (PostgreSQL SQLSTATE 40P01, MySQL error 3058). Release what you hold and retry."""

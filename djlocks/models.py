@@ -61,3 +61,54 @@ class LeaseWaiter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} waiter #{self.pk}"
+
+
+class SessionFence(models.Model):
+    """The last fence issued for a name by a session backend (GET_LOCK, advisory locks).
+
+    The lock itself lives in the database server's session; this row makes
+    fences durable (each grant increments it right after the server granted)
+    and maps the server's keys back to names for holders and waiters.
+    """
+
+    key = models.CharField(max_length=64, primary_key=True, db_column="name_key")
+    name = models.CharField(max_length=255)
+    limit = models.PositiveIntegerField(db_column="slot_limit")
+    fence = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "djlocks_session_fence"
+
+    def __str__(self) -> str:
+        return f"{self.name} fence {self.fence}"
+
+
+class SessionHolder(models.Model):
+    """Who was last granted a slot of a name by a session backend.
+
+    Whether the grant is live is the server's truth (``IS_USED_LOCK``,
+    ``pg_locks``); a row counts only while its ``connection_id`` still holds
+    the slot's key there. It adds the identity the server does not know.
+    """
+
+    key = models.CharField(max_length=64, db_column="name_key")
+    name = models.CharField(max_length=255)
+    slot = models.PositiveIntegerField()
+    limit = models.PositiveIntegerField(db_column="slot_limit")
+    token = models.CharField(max_length=32, unique=True)
+    fence = models.BigIntegerField()
+    connection_id = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField()
+    thread = models.CharField(max_length=100, blank=True, default="")
+    label = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "djlocks_session_holder"
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_session_holder_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.slot}] by connection {self.connection_id}"

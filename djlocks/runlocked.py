@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from djlocks.backends.base import Abort
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.core import Lock, Semaphore
 from djlocks.exceptions import BackendUnavailable, LockLost
@@ -186,7 +187,7 @@ class Supervisor:
 
     def _acquire(self) -> Grant | None:
         """Acquire in a thread, so that a signal can abort the wait cleanly (G6)."""
-        abort, done = threading.Event(), threading.Event()
+        abort, done = Abort(), threading.Event()
         outcome: list[Grant | BaseException | None] = []
 
         def attempt() -> None:
@@ -218,7 +219,7 @@ class Supervisor:
             self._say_not_acquired()
         return result
 
-    def _acquire_telling_who_holds(self, abort: threading.Event) -> Grant | None:
+    def _acquire_telling_who_holds(self, abort: Abort) -> Grant | None:
         started = time.monotonic()
         grant = self.spec.acquire_grant(blocking=False, abort=abort)
         if grant is not None or self.plan.timeout == 0:

@@ -98,7 +98,7 @@ else:
 
 DATABASES = {"default": database}
 
-DJLOCKS = {
+DJLOCKS: dict[str, Any] = {
     "BACKENDS": {
         "default": {
             "BACKEND": "djlocks.backends.lease.LeaseBackend",
@@ -107,3 +107,13 @@ DJLOCKS = {
     },
     "TTL": 60,
 }
+SESSION_BACKENDS = {
+    "mysql": "djlocks.backends.mysql.GetLockBackend",
+    "postgresql": "djlocks.backends.postgresql.AdvisoryLockBackend",
+}
+if DB_VENDOR in SESSION_BACKENDS:
+    # Locks held by the database server's session: GET_LOCK or advisory locks.
+    DJLOCKS["BACKENDS"]["session"] = {
+        "BACKEND": SESSION_BACKENDS[DB_VENDOR],
+        "OPTIONS": {"using": "default"},
+    }

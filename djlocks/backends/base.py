@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
 from djlocks.identity import Identity
+
+
+class Abort(threading.Event):
+    """Set by another thread to end a blocked acquire early (asyncio cancellation, a signal).
+
+    A backend that waits inside a server cannot be woken by the event alone:
+    it registers a canceller with ``cancelling()``, which ``set()`` calls (in
+    the setting thread), e.g. to kill the waiting connection.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cancellers: list[Callable[[], None]] = []
+        self._cancellers_guard = threading.Lock()
+
+    def set(self) -> None:
+        super().set()
+        with self._cancellers_guard:
+            cancellers = list(self._cancellers)
+        for cancel in cancellers:
+            cancel()
+
+    @contextlib.contextmanager
+    def cancelling(self, cancel: Callable[[], None]) -> Iterator[None]:
+        """Call ``cancel`` if the abort is set while the block runs (perhaps twice)."""
+        with self._cancellers_guard:
+            self._cancellers.append(cancel)
+        try:
+            if self.is_set():
+                cancel()
+            yield
+        finally:
+            with self._cancellers_guard:
+                self._cancellers.remove(cancel)
 
 
 @dataclass(frozen=True)
@@ -94,7 +129,7 @@ class LockBackend(ABC):
 
     @abstractmethod
     def acquire(
-        self, request: AcquireRequest, deadline: float | None, abort: threading.Event | None
+        self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None: ...
 
     @abstractmethod

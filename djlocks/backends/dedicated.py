@@ -37,17 +37,27 @@ class DedicatedConnections(threading.local):
     _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
     _every_thread_guard: ClassVar[threading.Lock] = threading.Lock()
 
+    @classmethod
+    def new_wrapper(cls, using: str) -> BaseDatabaseWrapper:
+        """A private, not yet connected ``DatabaseWrapper`` for the alias ``using``.
+
+        Django's own machinery configures it (``OPTIONS``, time zone, init
+        commands). Sharing between threads is allowed because djlocks hands a
+        wrapper from thread to thread (never two at once) and ``close_all()``
+        closes it from another thread.
+        """
+        template = connections[using]
+        wrapper = type(template)(dict(template.settings_dict), alias=using)
+        wrapper.inc_thread_sharing()
+        with cls._every_thread_guard:
+            cls._every_thread.add(wrapper)
+        return wrapper
+
     def get(self) -> BaseDatabaseWrapper:
         """Return this thread's open connection, opening it if needed."""
         if self._wrapper is None or self._pid != os.getpid():
-            template = connections[self.using]
-            self._wrapper = type(template)(dict(template.settings_dict), alias=self.using)
-            # Each wrapper serves one thread; sharing is allowed only so that
-            # close_all() may close it from another thread.
-            self._wrapper.inc_thread_sharing()
+            self._wrapper = self.new_wrapper(self.using)
             self._pid = os.getpid()
-            with self._every_thread_guard:
-                self._every_thread.add(self._wrapper)
         wrapper = self._wrapper
         if wrapper.connection is None:
             wrapper.ensure_connection()

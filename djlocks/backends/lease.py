@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
@@ -34,6 +33,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.base import (
+    Abort,
     AcquireRequest,
     CooldownInfo,
     GrantRecord,
@@ -205,7 +205,7 @@ class LeaseBackend(LockBackend):
     # -- acquire -----------------------------------------------------------
 
     def acquire(
-        self, request: AcquireRequest, deadline: float | None, abort: threading.Event | None
+        self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
@@ -230,7 +230,7 @@ class LeaseBackend(LockBackend):
         request: AcquireRequest,
         key: str,
         deadline: float | None,
-        abort: threading.Event | None,
+        abort: Abort | None,
     ) -> GrantRecord | None:
         waiter_ttl = float(djlocks_settings()["WAITER_TTL"])
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
@@ -292,9 +292,7 @@ class LeaseBackend(LockBackend):
         except DatabaseError:
             self._listeners.discard()
 
-    def _pause(
-        self, seconds: float, key: str, abort: threading.Event | None, listening: bool
-    ) -> bool:
+    def _pause(self, seconds: float, key: str, abort: Abort | None, listening: bool) -> bool:
         """Sleep up to ``seconds``, less if a release of ``key`` is notified; True if aborted."""
         if listening:
             end = time.monotonic() + seconds

@@ -1,0 +1,163 @@
+"""MySQL/MariaDB named locks: ``djlocks.backends.mysql.GetLockBackend``.
+
+``GET_LOCK(key, timeout)`` waits in the server and returns 1 when granted, 0
+on time-out (MySQL manual, "Locking Functions"); the lock belongs to the
+session, which may hold several, and ends with it. MariaDB treats a negative
+time-out as an error, so "forever" is a year, asked again if it runs out.
+Keys follow ``djlocks.keys.mysql_key`` (at most 64 characters, case-proof).
+Holders are ``IS_USED_LOCK``'s connection ids matched with djlocks' holder
+rows; waiters are the ``GET_LOCK`` calls in the process list, whose comment
+names them. Forced release checks ``IS_USED_LOCK`` and then runs
+``KILL CONNECTION``: between the two, a holder that releases on its own and
+reuses its connection for another name could be killed instead (one round
+trip's window).
+
+MySQL grants a lock's waiters in no particular order (not FIFO). Each
+session sets ``wait_timeout`` to the larger of 60 s and ``DJLOCKS["TTL"]``:
+the heartbeat pings every TTL/3, so a live holder is never timed out, and the
+server frees the locks of a client that vanished silently within that time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+
+from django.db import DatabaseError
+
+from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.conf import djlocks_settings
+from djlocks.exceptions import LockDeadlock
+from djlocks.keys import mysql_key, table_key
+
+FOREVER = 365 * 24 * 3600  # seconds; MariaDB refuses a negative GET_LOCK time-out
+#: ER_USER_LOCK_DEADLOCK (MySQL 8), ER_LOCK_DEADLOCK (MariaDB's answer to the same cycle).
+DEADLOCK_ERRORS = (3058, 1213)
+WAITING_CALL = re.compile(r"GET_LOCK\('((?:[^'\\]|\\.)*)'")
+COMMENT = re.compile(r"/\* (djlocks .*?) \*/", re.DOTALL)
+
+
+class GetLockBackend(SessionBackend):
+    """Locks and semaphores on MySQL/MariaDB ``GET_LOCK``."""
+
+    vendor = "mysql"
+
+    def key(self, name: str, slot: int | str | None = None) -> str:
+        return mysql_key(name, slot)
+
+    def _prepare(self, session: Session) -> None:
+        idle_limit = max(60, math.ceil(float(djlocks_settings()["TTL"])))
+        session.execute("SET SESSION wait_timeout = %s", (idle_limit,))
+
+    def _connection_id(self, session: Session) -> int:
+        return int(session.execute("SELECT CONNECTION_ID()")[0])
+
+    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+        while True:
+            wait = FOREVER if seconds is None else seconds
+            try:
+                comment = identity.replace("%", "%%")  # the driver formats the query with %
+                row = session.execute(f"SELECT /* {comment} */ GET_LOCK(%s, %s)", (key, wait))
+            except DatabaseError as exc:
+                if exc.args and exc.args[0] in DEADLOCK_ERRORS:
+                    raise LockDeadlock(f"MySQL refused a wait that would deadlock: {exc}") from exc
+                raise
+            if row[0] is None:
+                raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
+            if row[0] == 1 or seconds is not None:
+                return bool(row[0] == 1)
+
+    def _give_back(self, session: Session, key: Key) -> bool:
+        return bool(session.execute("SELECT RELEASE_LOCK(%s)", (key,))[0] == 1)
+
+    def _holds(self, session: Session, key: Key) -> bool:
+        return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)
+
+    def _register(self, session: Session, request: AcquireRequest) -> None:
+        session.execute(
+            "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
+            "VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
+            (table_key(request.name), request.name, request.limit),
+        )
+
+    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
+        """Two statements: the fence (``LAST_INSERT_ID(expr)`` hands it back), then the holder."""
+        key = table_key(request.name)
+        with (
+            session.wrapper.wrap_database_errors,
+            closing(session.wrapper.create_cursor()) as cursor,
+        ):
+            cursor.execute(
+                "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
+                "VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
+                "fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit)",
+                (key, request.name, request.limit),
+            )
+            fence = int(cursor.lastrowid)
+        who = request.identity
+        session.execute(
+            "INSERT INTO djlocks_session_holder (name_key, slot, name, slot_limit, token, fence, "
+            "connection_id, acquired_at, host, pid, thread, label) VALUES "
+            "(%s, %s, %s, %s, %s, %s, CONNECTION_ID(), UTC_TIMESTAMP(6), %s, %s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE name = VALUES(name), slot_limit = VALUES(slot_limit), "
+            "token = VALUES(token), fence = VALUES(fence), connection_id = VALUES(connection_id), "
+            "acquired_at = VALUES(acquired_at), host = VALUES(host), pid = VALUES(pid), "
+            "thread = VALUES(thread), label = VALUES(label)",
+            (
+                *(key, slot, request.name, request.limit, token, fence),
+                *(who.host, who.pid, who.thread, who.label),
+            ),
+        )
+        return fence
+
+    def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
+        if (
+            key is not None
+            and session.execute("SELECT IS_USED_LOCK(%s)", (key,))[0] != connection_id
+        ):
+            return 0
+        try:
+            session.execute("KILL CONNECTION %s", (connection_id,))
+        except DatabaseError as exc:
+            if "Unknown thread id" in str(exc):
+                return 0
+            raise
+        return 1
+
+    def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
+        live: dict[Key, int] = {}
+        for start in range(0, len(keys), 100):
+            chunk = keys[start : start + 100]
+            row = session.execute(
+                "SELECT " + ", ".join(["IS_USED_LOCK(%s)"] * len(chunk)), tuple(chunk)
+            )
+            live.update(
+                {
+                    key: int(owner)
+                    for key, owner in zip(chunk, row, strict=True)
+                    if owner is not None
+                }
+            )
+        return live
+
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        names = self._waited_names(name)
+        with self._side_session() as side:
+            now = side.execute("SELECT UTC_TIMESTAMP(6)")[0].replace(tzinfo=UTC)
+            rows = side.fetchall(
+                "SELECT TIME_MS, INFO FROM information_schema.PROCESSLIST "
+                "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
+                ("%djlocks%GET_LOCK(%",),
+            )
+        waiting: list[tuple[str | None, str, datetime]] = []
+        for elapsed_ms, query in rows:
+            call, comment = WAITING_CALL.search(query), COMMENT.search(query)
+            if call is None or comment is None:
+                continue
+            since = now - timedelta(milliseconds=float(elapsed_ms))
+            waiting.append((names.get(call.group(1)), comment.group(1), since))
+        return self._as_waiters(waiting)

@@ -1,0 +1,160 @@
+"""PostgreSQL advisory locks: ``djlocks.backends.postgresql.AdvisoryLockBackend``.
+
+Session-level advisory locks (PostgreSQL manual, "Advisory Locks" and
+"Advisory Lock Functions") on the one-``bigint`` key of ``djlocks.keys``.
+A blocking acquire is ``pg_advisory_lock`` under ``lock_timeout`` (set in the
+same statement with ``set_config``), so the wait happens in the server; a
+time-out is the server's ``lock_not_available`` (55P03). Holders and waiters
+come from ``pg_locks`` joined with ``pg_stat_activity``; a waiter's identity
+is its ``application_name``. Forced release is ``pg_terminate_backend`` of
+exactly the session that ``pg_locks`` shows holding the key.
+
+Each session sets server-side TCP keep-alives (idle 10 s, then 3 probes 5 s
+apart), so the server frees the locks of a client host that vanished
+silently within about 25 s, and turns ``idle_session_timeout`` and
+``idle_in_transaction_session_timeout`` off for itself: a held lock is never
+dropped for idleness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import DatabaseError
+
+from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.exceptions import LockDeadlock
+from djlocks.keys import advisory_key, table_key
+
+#: The signed bigint key of an advisory lock row of ``pg_locks``.
+LOCK_KEY = "((l.classid::bigint << 32) | l.objid::bigint)"
+KEEPALIVE = {
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+NO_IDLE_LIMITS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
+LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED = "55P03", "40P01"
+
+
+class AdvisoryLockBackend(SessionBackend):
+    """Locks and semaphores on PostgreSQL session-level advisory locks."""
+
+    vendor = "postgresql"
+
+    def key(self, name: str, slot: int | str | None = None) -> int:
+        return advisory_key(name, slot)
+
+    def _prepare(self, session: Session) -> None:
+        settings = {**KEEPALIVE, **dict.fromkeys(NO_IDLE_LIMITS, "0")}
+        session.execute(
+            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+            [part for setting in settings.items() for part in setting],
+        )
+
+    def _connection_id(self, session: Session) -> int:
+        return int(session.execute("SELECT pg_backend_pid()")[0])
+
+    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+        if seconds == 0:
+            return bool(session.execute("SELECT pg_try_advisory_lock(%s)", (key,))[0])
+        timeout = "0" if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+        try:
+            session.execute(
+                "SELECT set_config('application_name', %s, false), "
+                "set_config('lock_timeout', %s, false), pg_advisory_lock(%s)",
+                (identity[:63], timeout, key),
+            )
+        except DatabaseError as exc:
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state == LOCK_NOT_AVAILABLE:
+                return False
+            if state == DEADLOCK_DETECTED:
+                raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
+            raise
+        return True
+
+    def _give_back(self, session: Session, key: Key) -> bool:
+        return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
+
+    def _holds(self, session: Session, key: Key) -> bool:
+        return bool(
+            session.execute(
+                f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
+                f"AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() "
+                f"AND {LOCK_KEY} = %s)",
+                (key,),
+            )[0]
+        )
+
+    def _register(self, session: Session, request: AcquireRequest) -> None:
+        session.execute(
+            "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
+            "VALUES (%s, %s, %s, 0) ON CONFLICT (name_key) "
+            "DO UPDATE SET slot_limit = EXCLUDED.slot_limit",
+            (table_key(request.name), request.name, request.limit),
+        )
+
+    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
+        """One statement: the fence and the holder's row (a CTE feeds one into the other)."""
+        who = request.identity
+        key = table_key(request.name)
+        row = session.execute(
+            "WITH issued AS ("
+            " INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence)"
+            " VALUES (%s, %s, %s, 1) ON CONFLICT (name_key) DO UPDATE"
+            " SET fence = djlocks_session_fence.fence + 1, slot_limit = EXCLUDED.slot_limit"
+            " RETURNING fence) "
+            "INSERT INTO djlocks_session_holder (name_key, slot, name, slot_limit, token, fence,"
+            " connection_id, acquired_at, host, pid, thread, label) "
+            "SELECT %s, %s, %s, %s, %s, issued.fence, pg_backend_pid(), statement_timestamp(),"
+            " %s, %s, %s, %s FROM issued "
+            "ON CONFLICT (name_key, slot) DO UPDATE SET name = EXCLUDED.name,"
+            " slot_limit = EXCLUDED.slot_limit, token = EXCLUDED.token, fence = EXCLUDED.fence,"
+            " connection_id = EXCLUDED.connection_id, acquired_at = EXCLUDED.acquired_at,"
+            " host = EXCLUDED.host, pid = EXCLUDED.pid, thread = EXCLUDED.thread,"
+            " label = EXCLUDED.label "
+            "RETURNING fence",
+            (
+                *(key, request.name, request.limit),
+                *(key, slot, request.name, request.limit, token),
+                *(who.host, who.pid, who.thread, who.label),
+            ),
+        )
+        return int(row[0])
+
+    def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
+        if key is None:
+            return int(
+                bool(session.execute("SELECT pg_terminate_backend(%s, 5000)", (connection_id,))[0])
+            )
+        # Check and kill in one statement: only the session that holds the key now.
+        return int(
+            session.execute(
+                f"SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid, 5000)) "
+                f"FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+                f"AND l.objsubid = 1 AND l.pid = %s AND {LOCK_KEY} = %s",
+                (connection_id, key),
+            )[0]
+        )
+
+    def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
+        if not keys:
+            return {}
+        rows = session.fetchall(
+            f"SELECT {LOCK_KEY}, l.pid FROM pg_locks l WHERE l.locktype = 'advisory' "
+            f"AND l.granted AND l.objsubid = 1 AND {LOCK_KEY} = ANY(%s)",
+            (list(keys),),
+        )
+        return {int(key): int(pid) for key, pid in rows}
+
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        names = self._waited_names(name)
+        with self._side_session() as side:
+            rows = side.fetchall(
+                f"SELECT {LOCK_KEY}, a.application_name, a.query_start FROM pg_locks l "
+                f"JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
+                f"AND NOT l.granted AND l.objsubid = 1 ORDER BY a.query_start, a.pid"
+            )
+        return self._as_waiters([(names.get(int(key)), app, since) for key, app, since in rows])

@@ -1,0 +1,460 @@
+"""Session locks: the database server holds the lock for as long as a session lives.
+
+``GET_LOCK`` (MySQL/MariaDB) and ``pg_advisory_lock`` (PostgreSQL) belong to
+the server session that took them, and the server frees them the moment that
+session ends, so a crashed holder can never leak one (G4). The subclasses in
+``djlocks.backends.mysql`` and ``djlocks.backends.postgresql`` give the SQL;
+this module gives the rules that keep them honest:
+
+* Every grant has its own connection, opened and owned by djlocks (G10):
+  never the request's or the caller's transaction's, never shared by two
+  holders (both servers let one session take the same lock twice, so two
+  holders on one connection would both get in), never used after ``fork()``.
+  A released grant's connection goes back to a per-process idle list.
+* A blocking acquire waits inside the server; if the caller gives up while
+  the server may still grant (an abort, an error), the connection is killed
+  from another connection and discarded: whatever it was granted dies with it.
+* Fences and identity live in two small tables (``djlocks.models``), written
+  right after the grant; whether a grant is live is always the server's
+  word (``IS_USED_LOCK``, ``pg_locks``), never the table's.
+* The heartbeat's renewal is a keep-alive that asks the server whether this
+  session still holds the key: a killed or timed-out session is reported
+  ``LockLost`` within one heartbeat (TTL/3).
+* A semaphore is N slot keys. A caller tries each slot once; if all are
+  taken it waits in the server for the name's gate key, behind the other
+  waiters, and only the gate's holder polls the slots (every 1 to 4 ms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import secrets
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from djlocks.backends.base import (
+    Abort,
+    AcquireRequest,
+    CooldownInfo,
+    GrantRecord,
+    HolderInfo,
+    LockBackend,
+    WaiterInfo,
+)
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.exceptions import BackendUnavailable, LockLost
+from djlocks.keys import GATE, table_key
+
+acquire_log = logging.getLogger("djlocks.acquire")
+
+MAX_SLOTS = 9999  # slot keys end in /0 ... /9999 and must fit GET_LOCK's 64 characters
+GATE_POLL_MIN = 0.001  # seconds; the gate's holder polls the slots from here ...
+GATE_POLL_MAX = 0.004  # ... backing off to here
+
+Key = int | str
+
+
+@dataclass
+class Session:
+    """One dedicated server session and its id (``CONNECTION_ID()``, ``pg_backend_pid()``)."""
+
+    wrapper: BaseDatabaseWrapper
+    connection_id: int
+    pid: int = field(default_factory=os.getpid)
+    guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Any:
+        """Run one statement; return its first row (``None`` if it returned none)."""
+        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description else None
+
+    def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
+        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+
+    def close(self) -> None:
+        if self.pid == os.getpid():  # never touch a session inherited through fork()
+            with contextlib.suppress(Exception):
+                self.wrapper.close()
+
+
+@dataclass
+class _Held:
+    session: Session
+    name: str
+    key: Key
+
+
+class SessionBackend(LockBackend):
+    """Shared machinery of the GET_LOCK and advisory-lock backends (see the module docstring).
+
+    ``OPTIONS``: ``using``, the Django database alias whose settings the
+    dedicated connections copy (default ``"default"``).
+    """
+
+    leases = False
+    vendor: str
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.using = str(self.options.get("using", "default"))
+        self._idle: list[Session] = []
+        self._held: dict[str, _Held] = {}
+        self._guard = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- what each server does differently ---------------------------------
+
+    @abstractmethod
+    def key(self, name: str, slot: int | str | None = None) -> Key:
+        """The server's key for a lock (``slot=None``), a semaphore slot, or its gate."""
+
+    @abstractmethod
+    def _prepare(self, session: Session) -> None:
+        """Configure a new session (keep-alives, time-outs)."""
+
+    @abstractmethod
+    def _connection_id(self, session: Session) -> int: ...
+
+    @abstractmethod
+    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+        """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server."""
+
+    @abstractmethod
+    def _give_back(self, session: Session, key: Key) -> bool:
+        """Release ``key``; False if this session did not hold it."""
+
+    @abstractmethod
+    def _holds(self, session: Session, key: Key) -> bool: ...
+
+    @abstractmethod
+    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
+        """Issue the fence and record the holder's identity; return the fence."""
+
+    @abstractmethod
+    def _register(self, session: Session, request: AcquireRequest) -> None:
+        """Record the name before waiting, so waiters can be shown by name."""
+
+    @abstractmethod
+    def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
+        """From ``session``, end the session ``connection_id`` (only if it holds ``key``)."""
+
+    @abstractmethod
+    def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
+        """Which of ``keys`` the server says are held, and by which connection id."""
+
+    # -- sessions ----------------------------------------------------------
+
+    def _checkout(self) -> Session:
+        with self._guard:
+            if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
+                self._idle, self._held, self._pid = [], {}, os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        wrapper = DedicatedConnections.new_wrapper(self.using)
+        try:
+            wrapper.ensure_connection()
+            session = Session(wrapper, 0)
+            self._prepare(session)
+            session.connection_id = self._connection_id(session)
+        except DatabaseError as exc:
+            with contextlib.suppress(Exception):
+                wrapper.close()
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r} could not open a session on database "
+                f"{self.using!r}: {exc}"
+            ) from exc
+        return session
+
+    def _checkin(self, session: Session) -> None:
+        with self._guard:
+            if session.pid == os.getpid():
+                self._idle.append(session)
+
+    @contextlib.contextmanager
+    def _side_session(self) -> Iterator[Session]:
+        """A session for introspection and kills, returned afterwards unless it failed."""
+        session = self._checkout()
+        try:
+            yield session
+        except BaseException:
+            session.close()
+            raise
+        self._checkin(session)
+
+    def _kill_aside(self, victim: Session) -> None:
+        """End ``victim``'s session from another one, in a new thread (see ``Abort``)."""
+
+        def kill() -> None:
+            try:
+                with self._side_session() as side:
+                    self._kill(side, victim.connection_id, None)
+            except (BackendUnavailable, DatabaseError):
+                acquire_log.warning("could not kill session %s", victim.connection_id)
+
+        threading.Thread(target=kill, name="djlocks-cancel", daemon=True).start()
+
+    # -- acquire -----------------------------------------------------------
+
+    def acquire(
+        self, request: AcquireRequest, deadline: float | None, abort: Abort | None
+    ) -> GrantRecord | None:
+        self._refuse(request)
+        session = self._checkout()
+        try:
+            with abort.cancelling(lambda: self._kill_aside(session)) if abort else _nothing():
+                slot = self._claim(session, request, deadline)
+                granted = slot is not None and not (abort and abort.is_set())
+            if not granted:
+                if slot is not None:  # granted after the caller gave up
+                    raise _GaveUp
+                self._checkin(session)
+                return None
+            assert slot is not None
+            token = secrets.token_hex(16)
+            fence = self._record(session, request, slot, token)
+        except _GaveUp:
+            session.close()
+            return None
+        except DatabaseError as exc:
+            session.close()  # the server frees whatever this session may have been granted
+            if abort and abort.is_set():
+                return None
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r} failed while acquiring {request.name!r}: {exc}"
+            ) from exc
+        except BaseException:
+            session.close()
+            raise
+        with self._guard:
+            self._held[token] = _Held(session, request.name, self._slot_key(request, slot))
+        return GrantRecord(token, slot, fence, None)
+
+    def _refuse(self, request: AcquireRequest) -> None:
+        if connections[self.using].in_atomic_block:
+            raise BackendUnavailable(
+                f"{request.name!r}: a session lock taken inside transaction.atomic() would "
+                f"be released before the transaction commits, so other processes could "
+                f"act on data it has not committed yet (RELIABILITY.md G11). Take the lock "
+                f"outside: `with db_lock(...): with transaction.atomic(): ...`, or use the "
+                f"row backend, whose lock ends with the transaction."
+            )
+        if request.cooldown:
+            raise ValueError(
+                f"djlocks backend {self.alias!r} holds locks in server sessions, which "
+                f"cannot outlive their release: a cool-down needs a lease backend."
+            )
+        if request.limit > MAX_SLOTS:
+            raise ValueError(f"A session semaphore has at most {MAX_SLOTS} slots.")
+
+    def _slot_key(self, request: AcquireRequest, slot: int) -> Key:
+        return self.key(request.name) if request.limit == 1 else self.key(request.name, slot)
+
+    def _claim(
+        self, session: Session, request: AcquireRequest, deadline: float | None
+    ) -> int | None:
+        identity = describe(request)
+        if request.limit == 1:
+            key = self.key(request.name)
+            if self._take(session, key, 0, identity):
+                return 0
+            if _left(deadline) == 0:
+                return None
+            self._register(session, request)
+            return 0 if self._take(session, key, _left(deadline), identity) else None
+        slot = self._try_slots(session, request, identity)
+        if slot is not None or _left(deadline) == 0:
+            return slot
+        self._register(session, request)
+        gate = self.key(request.name, GATE)
+        if not self._take(session, gate, _left(deadline), identity):
+            return None
+        try:
+            pause = GATE_POLL_MIN
+            while (slot := self._try_slots(session, request, identity)) is None:
+                left = _left(deadline)
+                if left == 0:
+                    return None
+                time.sleep(pause if left is None else min(pause, left))
+                pause = min(pause * 1.5, GATE_POLL_MAX)
+            return slot
+        finally:
+            self._give_back(session, gate)
+
+    def _try_slots(self, session: Session, request: AcquireRequest, identity: str) -> int | None:
+        first = random.randrange(request.limit)  # spread first tries over the slots
+        for offset in range(request.limit):
+            slot = (first + offset) % request.limit
+            if self._take(session, self.key(request.name, slot), 0, identity):
+                return slot
+        return None
+
+    # -- release, renew, check ---------------------------------------------
+
+    def release(self, name: str, token: str, cooldown: float) -> None:
+        with self._guard:
+            held = self._held.pop(token, None)
+        if held is None:
+            raise LockLost(f"The grant of {name!r} had ended before release: its session ended.")
+        with held.session.guard:
+            try:
+                released = self._give_back(held.session, held.key)
+            except DatabaseError as exc:
+                held.session.close()
+                raise LockLost(
+                    f"The grant of {name!r} had ended before release: its session failed ({exc})."
+                ) from exc
+        if not released:
+            held.session.close()
+            raise LockLost(
+                f"The grant of {name!r} had ended before release: the server no longer "
+                f"held it for this session (killed, or released by force)."
+            )
+        self._checkin(held.session)
+
+    def renew(self, name: str, token: str, ttl: float) -> None:
+        """A keep-alive that also asks the server whether the session still holds the key."""
+        if not self.is_held(name, token):
+            with self._guard:
+                held = self._held.pop(token, None)
+            if held is not None:
+                held.session.close()
+            raise LockLost(f"The session holding {name!r} ended or no longer holds it.")
+
+    def is_held(self, name: str, token: str) -> bool:
+        with self._guard:
+            held = self._held.get(token)
+        if held is None:
+            return False
+        if not held.session.guard.acquire(timeout=5):
+            return True  # busy releasing; the release itself will tell
+        try:
+            return self._holds(held.session, held.key)
+        except DatabaseError:
+            return False
+        finally:
+            held.session.guard.release()
+
+    # -- introspection and forced release ----------------------------------
+
+    def _holder_rows(self, name: str | None) -> list[Any]:
+        from djlocks.models import SessionHolder
+
+        rows = SessionHolder.objects.using(self.using).order_by("name", "slot")
+        return list(rows if name is None else rows.filter(key=table_key(name)))
+
+    def holders(self, name: str | None = None) -> list[HolderInfo]:
+        rows = self._holder_rows(name)
+        keys = {self.key(r.name) if r.limit == 1 else self.key(r.name, r.slot): r for r in rows}
+        with self._side_session() as side:
+            live = self._live_keys(side, list(keys))
+        return [
+            HolderInfo(
+                name=row.name,
+                backend=self.alias,
+                slot=row.slot,
+                limit=row.limit,
+                host=row.host,
+                pid=row.pid,
+                thread=row.thread,
+                label=row.label,
+                since=row.acquired_at,
+                expires_at=None,
+                fence=row.fence,
+                token=row.token,
+                connection_id=row.connection_id,
+            )
+            for key, row in keys.items()
+            if live.get(key) == row.connection_id
+        ]
+
+    def force_release(self, name: str, token: str | None = None) -> int:
+        """Kill the holder's session, after the server confirms it still holds the key."""
+        killed = 0
+        with self._side_session() as side:
+            for holder in self.holders(name):
+                if token is None or holder.token == token:
+                    key = self.key(name) if holder.limit == 1 else self.key(name, holder.slot)
+                    killed += self._kill(side, holder.connection_id or 0, key)
+        return killed
+
+    def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
+        return []  # refused at acquire: a session lock cannot outlive its release
+
+    def sweep(self) -> dict[str, int]:
+        return {}  # the server frees a dead session's locks; holder rows are rewritten per slot
+
+    def _waited_names(self, name: str | None) -> dict[Key, str]:
+        """The keys a waiter of each known name (or of ``name``) may wait on."""
+        from djlocks.models import SessionFence
+
+        rows = SessionFence.objects.using(self.using)
+        if name is not None:
+            rows = rows.filter(key=table_key(name))
+        return {
+            key: row.name for row in rows for key in (self.key(row.name), self.key(row.name, GATE))
+        }
+
+    def _as_waiters(self, rows: Sequence[tuple[str | None, str, datetime]]) -> list[WaiterInfo]:
+        """Waiters from (name or None, description, waiting since) in the server's order."""
+        positions: dict[str, int] = {}
+        waiting = []
+        for name, description, since in rows:
+            if name is None:
+                continue  # not a djlocks name
+            position = positions[name] = positions.get(name, -1) + 1
+            host, pid, label = parse_description(description)
+            waiting.append(WaiterInfo(name, self.alias, position, host, pid, "", label, since))
+        return waiting
+
+    def close_sessions(self) -> None:
+        """Close the idle sessions (held ones end with their grants)."""
+        with self._guard:
+            idle, self._idle = self._idle, []
+        for session in idle:
+            session.close()
+
+
+class _GaveUp(Exception):
+    """The server granted after the caller had given up."""
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def describe(request: AcquireRequest) -> str:
+    """Who waits, as the server's process list shows it (``parse_description`` reads it)."""
+    who = request.identity
+    return f"djlocks {who.pid}@{who.host} {who.label}".replace("*/", "* /")
+
+
+def parse_description(text: str) -> tuple[str, int, str]:
+    """(host, pid, label) from ``describe``'s text, perhaps cut short by the server."""
+    found = _DESCRIPTION.match(text or "")
+    if found is None:
+        return "", 0, text or ""
+    return found["host"], int(found["pid"]), found["label"]
+
+
+_DESCRIPTION = re.compile(r"djlocks (?P<pid>\d+)@(?P<host>\S+) ?(?P<label>.*)", re.DOTALL)
