@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core import checks
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.db import connections
 from django.utils.module_loading import import_string
@@ -90,3 +91,64 @@ def check_lease_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 )
             )
     return errors
+
+
+@register(Tags.database)
+def check_session_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E006 a session backend on the wrong database; E007 GET_LOCK under Galera;
+    W001 GET_LOCK with statement-based binary logging."""
+    from djlocks.backends.session import SessionBackend
+
+    messages: list[CheckMessage] = []
+    for alias, spec in djlocks_settings()["BACKENDS"].items():
+        try:
+            backend_class = import_string(spec["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # reported by check_settings
+        if not (isinstance(backend_class, type) and issubclass(backend_class, SessionBackend)):
+            continue
+        using = spec.get("OPTIONS", {}).get("using", "default")
+        if using not in connections:
+            continue
+        connection = connections[using]
+        if connection.vendor != backend_class.vendor:
+            messages.append(
+                Error(
+                    f"djlocks backend {alias!r} ({backend_class.__name__}) needs a "
+                    f"{backend_class.vendor} database, but {using!r} is {connection.vendor}.",
+                    hint="Point OPTIONS['using'] at a matching database, or use the lease "
+                    "backend, which works on every database.",
+                    id="djlocks.E006",
+                )
+            )
+        elif connection.vendor == "mysql":
+            messages.extend(_mysql_server_warnings(alias, using))
+    return messages
+
+
+def _mysql_server_warnings(alias: str, using: str) -> list[CheckMessage]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'binlog_format', 'log_bin')"
+        )
+        variables = {name.lower(): str(value).upper() for name, value in cursor.fetchall()}
+    messages: list[CheckMessage] = []
+    if variables.get("wsrep_on") == "ON":
+        messages.append(
+            Error(
+                f"djlocks backend {alias!r} uses GET_LOCK on a Galera cluster (wsrep_on=ON), "
+                "where GET_LOCK is not replicated: two nodes would grant the same lock.",
+                hint="Use the lease backend on Galera.",
+                id="djlocks.E007",
+            )
+        )
+    if variables.get("log_bin") == "ON" and variables.get("binlog_format") == "STATEMENT":
+        messages.append(
+            checks.Warning(
+                f"djlocks backend {alias!r} uses GET_LOCK with binlog_format=STATEMENT; "
+                "MySQL marks GET_LOCK unsafe for statement-based replication.",
+                hint="Use binlog_format=ROW or MIXED.",
+                id="djlocks.W001",
+            )
+        )
+    return messages

@@ -196,6 +196,9 @@ class Supervisor:
             except BaseException as exc:  # handed to the main thread, which re-raises
                 outcome.append(exc)
             finally:
+                # Renewal and release use their own connections; a session
+                # backend's grant keeps its own session, which this leaves open.
+                DedicatedConnections.close_this_thread()
                 done.set()
                 self._wakeup.poke()
 
@@ -206,9 +209,6 @@ class Supervisor:
             if self._pending_signal is not None:
                 abort.set()
         thread.join()
-        # The acquiring thread's connection is not needed any more; renewal and
-        # release use their own.
-        DedicatedConnections.close_all()
         result = outcome[0]
         if isinstance(result, BaseException):
             raise result

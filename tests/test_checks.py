@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from django.core import checks
 from django.test import override_settings
 
@@ -12,6 +13,7 @@ def _ids() -> set[str]:
     }
 
 
+@pytest.mark.django_db
 def test_the_project_passes_its_checks() -> None:
     assert not {i for i in _ids() if i.startswith("djlocks.")}
 
@@ -43,3 +45,17 @@ def test_bad_ttl_is_an_error() -> None:
 )
 def test_lease_backend_on_unknown_database_is_an_error() -> None:
     assert "djlocks.E005" in _ids()
+
+
+def test_a_session_backend_on_the_wrong_database_is_an_error() -> None:
+    from django.db import connection
+
+    wrong = (
+        "djlocks.backends.postgresql.AdvisoryLockBackend"
+        if connection.vendor != "postgresql"
+        else "djlocks.backends.mysql.GetLockBackend"
+    )
+    with override_settings(
+        DJLOCKS={"BACKENDS": {"default": {"BACKEND": wrong, "OPTIONS": {"using": "default"}}}}
+    ):
+        assert "djlocks.E006" in _ids()

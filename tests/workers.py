@@ -34,11 +34,13 @@ def _bootstrap(names: dict[str, str], target: Any, args: tuple[Any, ...]) -> Non
     target(*args)
 
 
-def hold_then_report(name: str, ttl: float, report: Any, hold: float) -> None:
+def hold_then_report(
+    name: str, ttl: float, report: Any, hold: float, backend: str = "default"
+) -> None:
     """Acquire ``name``, report the fence, hold for ``hold`` seconds (or until killed)."""
     from djlocks import Lock
 
-    lock = Lock(name, ttl=ttl)
+    lock = Lock(name, ttl=ttl, backend=backend)
     with lock as grant:
         report.put(("held", os.getpid(), grant.fence))
         time.sleep(hold)
@@ -77,10 +79,10 @@ def try_once(name: str, barrier: Any, report: Any, hold: float) -> None:
         lock.release()
 
 
-def wait_in_line(name: str, label: str, report: Any) -> None:
+def wait_in_line(name: str, label: str, report: Any, backend: str = "default") -> None:
     """Block for ``name`` and report the order in which the grant arrived."""
     from djlocks import Lock
 
-    with Lock(name, ttl=30, label=label) as grant:
+    with Lock(name, ttl=30, label=label, backend=backend) as grant:
         report.put((label, grant.fence))
         time.sleep(0.05)

@@ -29,12 +29,15 @@ class DedicatedConnections(threading.local):
     """
 
     def __init__(self, using: str, on_connect: OnConnect | None = None) -> None:
+        with self._every_thread_guard:
+            self._instances.add(self)
         self.using = using
         self.on_connect = on_connect
         self._wrapper: BaseDatabaseWrapper | None = None
         self._pid = 0
 
     _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
+    _instances: ClassVar[weakref.WeakSet[DedicatedConnections]] = weakref.WeakSet()
     _every_thread_guard: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
@@ -73,6 +76,14 @@ class DedicatedConnections(threading.local):
         for wrapper in wrappers:
             with contextlib.suppress(Exception):
                 wrapper.close()
+
+    @classmethod
+    def close_this_thread(cls) -> None:
+        """Close the connections the calling thread opened (e.g. before the thread ends)."""
+        with cls._every_thread_guard:
+            instances = list(cls._instances)
+        for instance in instances:
+            instance.discard()
 
     def discard(self) -> None:
         """Close and forget this thread's connection (after an error of unknown outcome)."""

@@ -10,8 +10,11 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from djlocks.arguments import validate_name
 from djlocks.backends import backends
+from djlocks.backends.session import SessionBackend
 from djlocks.inspection import Snapshot, force_release, snapshot
+from djlocks.keys import GATE, table_key
 from djlocks.stress import StressPlan, run_stress
 
 USAGE_ERROR = 2
@@ -48,6 +51,15 @@ class Command(BaseCommand):
         )
         releasing.add_argument("--reason", default="", help="Recorded with the release.")
         releasing.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+
+        keying = subcommands.add_parser(
+            "key", help="The key a name has in the store, for scripts using mysql or psql."
+        )
+        keying.add_argument("name")
+        keying.add_argument("--backend", default="default")
+        keying.add_argument(
+            "--slot", default=None, help="A semaphore's slot number, or 'gate' for its waiters."
+        )
 
         subcommands.add_parser(
             "sweep", help="Remove expired grants and dead waiters; safe to run from cron."
@@ -160,6 +172,19 @@ class Command(BaseCommand):
         if answer.strip().lower() not in ("y", "yes"):
             raise CommandError("Nothing released.")
 
+    # -- key -----------------------------------------------------------------
+
+    def key(self, *, name: str, backend: str, slot: str | None, **unused: Any) -> None:
+        store = backends[backend]
+        if not isinstance(store, SessionBackend):
+            raise CommandError(
+                f"Backend {backend!r} keeps names in table rows under name_key = "
+                f"{table_key(name)} (the SHA-256 of the name); only session backends "
+                f"have server lock keys.",
+                returncode=USAGE_ERROR,
+            )
+        self.stdout.write(str(store.key(validate_name(name), _slot(slot))))
+
     # -- sweep ---------------------------------------------------------------
 
     def sweep(self, **unused: Any) -> None:
@@ -220,3 +245,11 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(result.as_json()))
         if not result.ok:
             raise CommandError("The strength test failed.", returncode=1)
+
+
+def _slot(slot: str | None) -> int | str | None:
+    if slot is None or slot == GATE:
+        return slot
+    if not slot.isdigit():
+        raise ValueError(f"--slot is a slot number or {GATE!r}, not {slot!r}.")
+    return int(slot)
