@@ -271,16 +271,17 @@ class Supervisor:
         """Wait for the command; if the grant is lost, SIGTERM its group, then SIGKILL."""
         assert self._child is not None
         kill_at: float | None = None
+        terminated = False
         while (returncode := self._child.poll()) is None:
             self._wakeup.sleep(None if kill_at is None else max(0.0, kill_at - time.monotonic()))
-            if self._lost is not None and kill_at is None:
+            if self._lost is not None and not terminated:
                 self._say(f"lost {self._what()} ({self._lost}): terminating the command")
                 self._signal_group(signal.SIGTERM)
-                kill_at = time.monotonic() + self.plan.kill_after
+                terminated, kill_at = True, time.monotonic() + self.plan.kill_after
             elif kill_at is not None and time.monotonic() >= kill_at:
                 self._say(f"the command outlived SIGTERM by {self.plan.kill_after} s: SIGKILL")
                 self._signal_group(signal.SIGKILL)
-                kill_at = float("inf")
+                kill_at = None
         return returncode if returncode >= 0 else 128 - returncode
 
     def _release(self, grant: Grant) -> None:
