@@ -1,6 +1,7 @@
-"""One background thread per process renews every held lease.
+"""One background thread per process renews every held grant.
 
-Each lease is renewed every third of its TTL. A renewal that the store
+Each grant is renewed every third of its TTL: a lease is extended, a session
+lock is checked with the server (see ``LockBackend.renew``). A renewal that the store
 refuses marks the grant lost at once; a store that cannot be reached is tried
 again until the holder's belief runs out (G2), and then the grant is lost.
 """

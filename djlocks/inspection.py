@@ -49,14 +49,14 @@ def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
     return found
 
 
-def force_release(holders: list[HolderInfo], *, by: str | None = None, reason: str = "") -> int:
+def force_release(holders: list[HolderInfo], *, reason: str = "") -> int:
     """Take each grant away by its owner token; return how many were still live.
 
     A grant that ended meanwhile is left alone, and so is whoever holds the
     slot now: release is by token, never by name (G7, G13). The holder learns
     ``LockLost`` at its next check, renewal or release.
     """
-    operator = by or getpass.getuser()
+    operator = getpass.getuser()
     released = 0
     for holder in holders:
         count = backends[holder.backend].force_release(holder.name, holder.token)

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 from djlocks.identity import Identity
 
@@ -120,9 +120,6 @@ class LockBackend(ABC):
     ends in an unknown state is cleaned up by token before returning.
     """
 
-    #: True for stores whose grants expire and must be renewed by the heartbeat.
-    leases: ClassVar[bool] = True
-
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         self.alias = alias
         self.options = dict(options)
@@ -138,10 +135,12 @@ class LockBackend(ABC):
 
     @abstractmethod
     def renew(self, name: str, token: str, ttl: float) -> datetime | None:
-        """Set the lease to expire ``ttl`` seconds from the store's now.
+        """Called by the heartbeat every ``ttl``/3 seconds while the grant is held.
 
-        Returns the new expiry; raises ``LockLost`` if the grant has ended
-        (a renewal never re-claims an expired grant).
+        A lease store sets the lease to expire ``ttl`` seconds from its own now
+        and returns the new expiry; a session store checks that the session
+        still holds the lock (a keep-alive too) and returns ``None``. Raises
+        ``LockLost`` if the grant has ended (a renewal never re-claims one).
         """
 
     @abstractmethod

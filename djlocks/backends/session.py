@@ -96,7 +96,6 @@ class Session:
 @dataclass
 class _Held:
     session: Session
-    name: str
     key: Key
 
 
@@ -107,7 +106,6 @@ class SessionBackend(LockBackend):
     dedicated connections copy (default ``"default"``).
     """
 
-    leases = False
     vendor: str
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
@@ -219,18 +217,14 @@ class SessionBackend(LockBackend):
         try:
             with abort.cancelling(lambda: self._kill_aside(session)) if abort else _nothing():
                 slot = self._claim(session, request, deadline)
-                granted = slot is not None and not (abort and abort.is_set())
-            if not granted:
-                if slot is not None:  # granted after the caller gave up
-                    raise _GaveUp
+            if slot is None:
                 self._checkin(session)
                 return None
-            assert slot is not None
+            if abort is not None and abort.is_set():
+                session.close()  # granted after the caller gave up: the grant ends with it
+                return None
             token = secrets.token_hex(16)
             fence = self._record(session, request, slot, token)
-        except _GaveUp:
-            session.close()
-            return None
         except DatabaseError as exc:
             session.close()  # the server frees whatever this session may have been granted
             if abort and abort.is_set():
@@ -242,7 +236,7 @@ class SessionBackend(LockBackend):
             session.close()
             raise
         with self._guard:
-            self._held[token] = _Held(session, request.name, self._slot_key(request, slot))
+            self._held[token] = _Held(session, self._slot_key(request, slot))
         return GrantRecord(token, slot, fence, None)
 
     def _refuse(self, request: AcquireRequest) -> None:
@@ -327,7 +321,7 @@ class SessionBackend(LockBackend):
             )
         self._checkin(held.session)
 
-    def renew(self, name: str, token: str, ttl: float) -> None:
+    def renew(self, name: str, token: str, ttl: float) -> datetime | None:
         """A keep-alive that also asks the server whether the session still holds the key."""
         if not self.is_held(name, token):
             with self._guard:
@@ -335,6 +329,7 @@ class SessionBackend(LockBackend):
             if held is not None:
                 held.session.close()
             raise LockLost(f"The session holding {name!r} ended or no longer holds it.")
+        return None  # a session grant has no expiry
 
     def is_held(self, name: str, token: str) -> bool:
         with self._guard:
@@ -421,17 +416,6 @@ class SessionBackend(LockBackend):
             host, pid, label = parse_description(description)
             waiting.append(WaiterInfo(name, self.alias, position, host, pid, "", label, since))
         return waiting
-
-    def close_sessions(self) -> None:
-        """Close the idle sessions (held ones end with their grants)."""
-        with self._guard:
-            idle, self._idle = self._idle, []
-        for session in idle:
-            session.close()
-
-
-class _GaveUp(Exception):
-    """The server granted after the caller had given up."""
 
 
 @contextlib.contextmanager
