@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest lint clean
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest lint bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
@@ -24,8 +24,11 @@ demo: setup
 	$(PY) manage.py djlocks stress --processes 8 --iterations 10 --via runlocked
 	DJANGO_SUPERUSER_PASSWORD=demo $(PY) manage.py createsuperuser --noinput \
 	  --username demo --email demo@example.com 2>/dev/null || true
-	@echo "Admin: http://127.0.0.1:8000/admin/  (user demo, password demo)"
-	$(PY) manage.py runserver 127.0.0.1:8000
+	@echo "Admin: http://127.0.0.1:8000/admin/djlocks/lockname/  (user demo, password demo)"
+	@echo "A live workload of runlocked jobs runs next to the server until you stop it (Ctrl-C)."
+	$(PY) -m project.demo.workload & workload=$$!; \
+	  trap 'kill $$workload 2>/dev/null; wait $$workload' EXIT INT TERM; \
+	  $(PY) manage.py runserver --noreload 127.0.0.1:8000
 
 test: setup test-sqlite test-postgresql test-mysql
 
@@ -38,9 +41,13 @@ test-postgresql: setup
 test-mysql: setup
 	DJLOCKS_DB=mysql $(PY) -m pytest
 
+# BENCHMARKS.md's workloads on the three databases; QUICK=1 for a short run.
+bench: setup
+	$(PY) bench/run.py $(if $(QUICK),--quick)
+
 lint: setup
-	$(VENV)/bin/ruff check djlocks project tests
-	$(VENV)/bin/ruff format --check djlocks project tests
+	$(VENV)/bin/ruff check djlocks project tests bench
+	$(VENV)/bin/ruff format --check djlocks project tests bench
 	$(VENV)/bin/mypy
 	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run
 

@@ -1,15 +1,48 @@
-"""Read-only admin views of the lease tables; the operators' dashboard builds on them."""
+"""The operators' dashboard in the Django admin, and read-only views of djlocks' tables.
+
+The dashboard hangs off ``LockName`` (a model without a table) through
+``get_urls()``: the overview replaces its change list, and each page is wrapped
+in ``admin_site.admin_view`` (staff login, CSRF, no caching). Seeing it takes
+the ``djlocks.view_lockname`` permission; releasing by force and changing
+cool-downs take ``djlocks.force_release``. Every forced action is confirmed
+on its own page, sent as a POST, and recorded twice: as an admin ``LogEntry``
+and as a ``LockEvent`` carrying the user and the reason.
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin
-from django.http import HttpRequest
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
 
-from djlocks.models import LeaseSlot, LeaseWaiter
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from djlocks.arguments import validate_name
+from djlocks.backends import backends
+from djlocks.backends.base import HolderInfo
+from djlocks.dashboard import SORTS, STATES, NameSummary, overview, select
+from djlocks.events import events, recent_events, statistics
+from djlocks.inspection import force_release, public, snapshot
+from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
+
+PAGE_SIZE = 100
+REFRESH_SECONDS = 5
+RECENT_EVENTS = 50
+PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+View = Callable[..., HttpResponse]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """The store's rows are written by djlocks only; the admin shows them."""
+    """Rows written by djlocks only; the admin shows them."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -19,6 +52,391 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+class ReleaseForm(forms.Form):
+    """The confirmation of a forced release: exactly the grants the operator was shown.
+
+    ``fences`` carries the shown grants' fences (comma-separated): a grant that
+    changed hands since the page was drawn has a new fence and is left alone.
+    """
+
+    fences = forms.CharField(widget=forms.HiddenInput)
+    reason = forms.CharField(
+        max_length=500,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with your user name in the history and the admin log.",
+    )
+
+    def clean_fences(self) -> set[int]:
+        text = self.cleaned_data["fences"]
+        try:
+            return {int(fence) for fence in text.split(",")}
+        except ValueError as exc:
+            raise forms.ValidationError(f"Fences are whole numbers, not {text!r}.") from exc
+
+
+class CooldownForm(forms.Form):
+    """Clear a slot's cool-down, or make it end a number of seconds from now."""
+
+    seconds = forms.FloatField(
+        min_value=0,
+        max_value=365 * 24 * 3600,
+        initial=0,
+        help_text="0 clears the cool-down; otherwise it ends this many seconds from now.",
+    )
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}))
+
+
+@admin.register(LockName)
+class DashboardAdmin(ReadOnlyAdmin):
+    """Every lock and semaphore across backends: holders, waiters, history, forced release."""
+
+    def get_urls(self) -> list[URLPattern]:
+        def page(view: View) -> View:
+            return self.admin_site.admin_view(view)
+
+        changelist = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [
+            path("", page(self.overview_view), name=changelist),
+            path("overview.json", page(self.overview_json), name="djlocks_overview_json"),
+            path("name/", page(self.name_view), name="djlocks_name"),
+            path("name.json", page(self.name_json), name="djlocks_name_json"),
+            path("release/", page(self.release_view), name="djlocks_release"),
+            path("cooldown/", page(self.cooldown_view), name="djlocks_cooldown"),
+        ]
+
+    def has_force_release_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("djlocks.force_release")
+
+    # -- the overview ---------------------------------------------------------
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        page, query = self._overview_page(request)
+        now = timezone.now()
+        context = {
+            **self._context(request, "Locks and semaphores"),
+            "page": page,
+            "rows": [self._overview_row(row, now) for row in page.object_list],
+            "query": query,
+            "sorts": {key: _sort_link(query, key) for key in SORTS},
+            "page_links": [
+                (number, "?" + urlencode({**query, "page": number}) if number != "…" else "")
+                for number in page.paginator.get_elided_page_range(page.number)
+            ],
+            "filters": {
+                "backend": _filter_links(query, "backend", {a: a for a in backends.aliases()}),
+                "state": _filter_links(query, "state", STATES),
+            },
+            "json_url": reverse("admin:djlocks_overview_json"),
+        }
+        return TemplateResponse(request, "admin/djlocks/dashboard/overview.html", context)
+
+    def overview_json(self, request: HttpRequest) -> JsonResponse:
+        page, _ = self._overview_page(request)
+        now = timezone.now()
+        return JsonResponse(
+            {
+                "now": now,
+                "count": page.paginator.count,
+                "page": page.number,
+                "pages": page.paginator.num_pages,
+                "rows": [self._overview_row(row, now) for row in page.object_list],
+            }
+        )
+
+    def _overview_page(self, request: HttpRequest) -> tuple[Page[Any], dict[str, str]]:
+        self._require(request, self.has_view_permission(request))
+        query = {
+            key: request.GET[key].strip()
+            for key in ("q", "backend", "state", "o")
+            if request.GET.get(key, "").strip()
+        }
+        backend = query.get("backend")
+        if backend is not None and backend not in backends.aliases():
+            raise Http404(f"No djlocks backend is configured under the alias {backend!r}.")
+        rows = select(
+            overview(backend),
+            now=timezone.now(),
+            search=query.get("q", ""),
+            state=query.get("state", ""),
+            order=query.get("o", "name"),
+        )
+        page = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
+        return page, query
+
+    def _overview_row(self, row: NameSummary, now: datetime) -> dict[str, Any]:
+        return {**row.as_json(now), "url": _name_url(row.backend, row.name)}
+
+    # -- one name -------------------------------------------------------------
+
+    def name_view(self, request: HttpRequest) -> HttpResponse:
+        data = self._name_data(request)
+        context = {
+            **self._context(request, data["name"]),
+            **data,
+            "periods": PERIODS,
+            "json_url": reverse("admin:djlocks_name_json") + "?" + request.GET.urlencode(),
+            "release_all_url": _action_url("admin:djlocks_release", data["backend"], data["name"]),
+        }
+        return TemplateResponse(request, "admin/djlocks/dashboard/name.html", context)
+
+    def name_json(self, request: HttpRequest) -> JsonResponse:
+        return JsonResponse(self._name_data(request))
+
+    def _name_data(self, request: HttpRequest) -> dict[str, Any]:
+        self._require(request, self.has_view_permission(request))
+        backend, name = _target(request.GET)
+        period = request.GET.get("period", "24h")
+        if period not in PERIODS:
+            period = "24h"
+        now = timezone.now()
+        found = snapshot(name, backend)
+        may_release = self.has_force_release_permission(request)
+        holders = []
+        for holder in found.holders:
+            shown = public(holder)
+            shown["expires_in"] = (
+                None if holder.expires_at is None else (holder.expires_at - now).total_seconds()
+            )
+            if may_release:
+                shown["release_url"] = _action_url(
+                    "admin:djlocks_release", backend, name, fence=holder.fence
+                )
+            holders.append(shown)
+        waiters = [
+            {**vars(waiter), "waited": (now - waiter.since).total_seconds()}
+            for waiter in found.waiters
+        ]
+        cooldowns = []
+        for cooling in found.cooldowns:
+            shown = {**vars(cooling), "ends_in": (cooling.until - now).total_seconds()}
+            if may_release:
+                shown["change_url"] = _action_url(
+                    "admin:djlocks_cooldown", backend, name, cooling.slot
+                )
+            cooldowns.append(shown)
+        stats = statistics(backend, name, now - PERIODS[period])
+        return {
+            "now": now,
+            "backend": backend,
+            "name": name,
+            "limit": _limit(backend, name, found.holders),
+            "holders": holders,
+            "waiters": waiters,
+            "cooldowns": cooldowns,
+            "period": period,
+            "statistics": vars(stats),
+            "events": [
+                {
+                    "at": event.at,
+                    "kind": event.get_kind_display(),
+                    "slot": event.slot,
+                    "fence": event.fence,
+                    "host": event.host,
+                    "pid": event.pid,
+                    "label": event.label,
+                    "waited": event.waited,
+                    "held": event.held,
+                    "operator": event.operator,
+                    "reason": event.reason,
+                }
+                for event in recent_events(backend, name, RECENT_EVENTS)
+            ],
+        }
+
+    # -- forced actions -------------------------------------------------------
+
+    def release_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirm (GET) and perform (POST) the forced release of shown grants."""
+        self._require(request, self.has_force_release_permission(request))
+        backend, name = _target(request.GET)
+        live = snapshot(name, backend).holders
+        fence = request.GET.get("fence")
+        shown = [h for h in live if fence is None or str(h.fence) == fence]
+        form = ReleaseForm(
+            request.POST or None, initial={"fences": ",".join(str(h.fence) for h in shown)}
+        )
+        if request.method == "POST" and form.is_valid():
+            chosen = form.cleaned_data["fences"]
+            reason = form.cleaned_data["reason"]
+            user = request.user.get_username()
+            released = force_release(
+                [h for h in live if h.fence in chosen], reason=reason, operator=user
+            )
+            for holder in released:
+                self.log_change(
+                    request,
+                    LockName(name=name, backend=backend),
+                    f"Forced release of slot {holder.slot} (fence {holder.fence}) held by "
+                    f"{holder.host} pid {holder.pid}: {reason}",
+                )
+            gone = len(chosen) - len(released)
+            messages.success(request, f"Released {len(released)} grant(s) of {name!r} by force.")
+            if gone:
+                messages.warning(request, f"{gone} grant(s) had already ended; nothing done there.")
+            return redirect(_name_url(backend, name))
+        if not shown:
+            messages.warning(request, f"Nobody holds {name!r} with that fence now.")
+            return redirect(_name_url(backend, name))
+        return self._confirmation(
+            request,
+            "release.html",
+            f"Release {name} by force?",
+            backend,
+            name,
+            form,
+            holders=shown,
+            effect=backends[backend].forced_release_effect,
+        )
+
+    def cooldown_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirm (GET) and perform (POST) clearing or moving a slot's cool-down."""
+        self._require(request, self.has_force_release_permission(request))
+        backend, name = _target(request.GET)
+        slot = _slot(request.GET.get("slot"))
+        form = CooldownForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            seconds, reason = form.cleaned_data["seconds"], form.cleaned_data["reason"]
+            try:
+                until = backends[backend].set_cooldown(name, slot, seconds)
+            except ValueError as exc:
+                messages.error(request, str(exc))
+                return redirect(_name_url(backend, name))
+            user = request.user.get_username()
+            events.cooldown_changed(backend, name, slot, until, operator=user, reason=reason)
+            change = f"until {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cleared"
+            self.log_change(
+                request,
+                LockName(name=name, backend=backend),
+                f"Cool-down of slot {slot} {change}: {reason}",
+            )
+            messages.success(request, f"The cool-down of {name!r} slot {slot} is {change}.")
+            return redirect(_name_url(backend, name))
+        return self._confirmation(
+            request,
+            "cooldown.html",
+            f"Change the cool-down of {name}?",
+            backend,
+            name,
+            form,
+            slot=slot,
+            cooldowns=[c for c in snapshot(name, backend).cooldowns if c.slot == slot],
+        )
+
+    # -- helpers --------------------------------------------------------------
+
+    def _confirmation(
+        self,
+        request: HttpRequest,
+        template: str,
+        title: str,
+        backend: str,
+        name: str,
+        form: forms.Form,
+        **details: Any,
+    ) -> TemplateResponse:
+        """The page that asks before a forced action; its form POSTs back to the same URL."""
+        context = {
+            **self._context(request, title),
+            "backend": backend,
+            "name": name,
+            "form": form,
+            "name_url": _name_url(backend, name),
+            **details,
+        }
+        return TemplateResponse(request, f"admin/djlocks/dashboard/{template}", context)
+
+    def _context(self, request: HttpRequest, title: str) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "refresh_seconds": REFRESH_SECONDS,
+            "may_release": self.has_force_release_permission(request),
+        }
+
+    @staticmethod
+    def _require(request: HttpRequest, allowed: bool) -> None:
+        if not allowed:
+            raise PermissionDenied
+
+
+def _target(params: Any) -> tuple[str, str]:
+    """The ``backend`` alias and ``name`` a request is about; 404 if unknown or malformed."""
+    backend = params.get("backend", "")
+    if backend not in backends.aliases():
+        raise Http404(f"No djlocks backend is configured under the alias {backend!r}.")
+    try:
+        return backend, validate_name(params.get("name", ""))
+    except (TypeError, ValueError) as exc:
+        raise Http404(str(exc)) from exc
+
+
+def _slot(value: str | None) -> int:
+    if value is None or not value.isdigit():
+        raise Http404(f"slot must be a slot number, not {value!r}.")
+    return int(value)
+
+
+def _limit(backend: str, name: str, holders: list[HolderInfo]) -> int | None:
+    if holders:
+        return holders[0].limit
+    return dict(backends[backend].names()).get(name)
+
+
+def _name_url(backend: str, name: str) -> str:
+    return reverse("admin:djlocks_name") + "?" + urlencode({"backend": backend, "name": name})
+
+
+def _action_url(
+    view: str, backend: str, name: str, slot: int | None = None, *, fence: int | None = None
+) -> str:
+    params: dict[str, Any] = {"backend": backend, "name": name}
+    if slot is not None:
+        params["slot"] = slot
+    if fence is not None:
+        params["fence"] = fence
+    return reverse(view) + "?" + urlencode(params)
+
+
+def _filter_links(
+    query: dict[str, str], key: str, choices: dict[str, str]
+) -> list[tuple[str, str, bool]]:
+    """(label, query string, selected) for "All" and each choice of the filter ``key``."""
+    rest = {k: v for k, v in query.items() if k not in (key, "page")}
+    links = [("All", "?" + urlencode(rest), key not in query)]
+    for value, label in choices.items():
+        links.append((label, "?" + urlencode({**rest, key: value}), query.get(key) == value))
+    return links
+
+
+def _sort_link(query: dict[str, str], key: str) -> str:
+    """The query string that sorts by ``key``, descending if it is the current ascending sort."""
+    order = f"-{key}" if query.get("o", "name") == key else key
+    return "?" + urlencode({**{k: v for k, v in query.items() if k != "page"}, "o": order})
+
+
+@admin.register(LockEvent)
+class LockEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "at",
+        "kind",
+        "backend",
+        "name",
+        "slot",
+        "fence",
+        "host",
+        "pid",
+        "label",
+        "waited",
+        "held",
+        "operator",
+    )
+    list_filter = ("kind", "backend")
+    search_fields = ("name", "host", "label", "operator", "reason")
+    date_hierarchy = "at"
+    ordering = ("-at",)
 
 
 @admin.register(LeaseSlot)

@@ -12,6 +12,14 @@ Keys and defaults (all optional):
 ``WAITER_TTL``
     Seconds after which a waiter record of a process that stopped refreshing it
     is ignored (10).
+``EVENTS``
+    Record acquisitions, releases, time-outs, losses, expiries and forced
+    releases in ``djlocks_event`` for the dashboard's history (``True``).
+    Costs one ``INSERT`` per grant (at its end) and one per time-out.
+``EVENTS_DATABASE``
+    The database alias that holds ``djlocks_event`` (``"default"``).
+``EVENTS_RETENTION``
+    Seconds of history ``djlocks sweep`` keeps (604800: seven days).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ DEFAULTS: dict[str, Any] = {
     "TTL": 60,
     "POLL_INTERVAL": 0.25,
     "WAITER_TTL": 10,
+    "EVENTS": True,
+    "EVENTS_DATABASE": "default",
+    "EVENTS_RETENTION": 7 * 24 * 3600,
 }
 
 
@@ -45,8 +56,16 @@ def djlocks_settings() -> dict[str, Any]:
 
 @receiver(setting_changed)
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
-    if setting == "DJLOCKS":
-        djlocks_settings.cache_clear()
-        from djlocks.backends import backends
+    """Re-read ``DJLOCKS``; rebuild the backends only if ``BACKENDS`` changed.
 
-        backends.reset()
+    An empty cache means no backend was built since the last change: nothing to rebuild.
+    """
+    if setting == "DJLOCKS":
+        built_from = (
+            djlocks_settings()["BACKENDS"] if djlocks_settings.cache_info().currsize else None
+        )
+        djlocks_settings.cache_clear()
+        if built_from is not None and djlocks_settings()["BACKENDS"] != built_from:
+            from djlocks.backends import backends
+
+            backends.reset()

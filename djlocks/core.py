@@ -25,6 +25,7 @@ from djlocks.arguments import (
 from djlocks.backends import backends
 from djlocks.backends.base import Abort, AcquireRequest, LockBackend
 from djlocks.conf import djlocks_settings
+from djlocks.events import Kind, events
 from djlocks.exceptions import LockLost, NotAcquired, NotHeld
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
@@ -166,8 +167,11 @@ class Lock:
         record = backend.acquire(request, deadline, abort)
         if record is None:
             acquire_log.debug("not acquired %s within %s s", self.name, wait)
+            cancelled = abort is not None and abort.is_set()
+            waited = time.monotonic() - started
+            events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
-        grant = Grant(self, backend, record, ttl, started, self.on_lost)
+        grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
         if self.renew:
             heartbeat.add(grant)
         with self._held_guard:
@@ -195,6 +199,7 @@ class Lock:
         if lost_earlier is not None:
             raise LockLost(f"The grant of {grant.name!r} was lost before release: {lost_earlier}.")
         release_log.debug("released %s fence %s", grant.name, grant.fence)
+        events.grant_ended(grant, Kind.RELEASED)
 
     def locked(self) -> bool:
         """True if any holder holds the name now (asks the store)."""

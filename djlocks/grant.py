@@ -9,8 +9,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.utils import timezone
+
 from djlocks.backends.base import GrantRecord, LockBackend
+from djlocks.events import Kind, events
 from djlocks.exceptions import LockLost
+from djlocks.identity import Identity
 from djlocks.signals import lock_lost
 
 if TYPE_CHECKING:
@@ -29,6 +33,8 @@ class Grant:
     the name; pass it to the protected resource (see ``djlocks.fencing``).
     ``expires_at`` is the lease's expiry (an aware ``datetime``, refreshed by
     each renewal) or ``None`` for grants that end with a session or transaction.
+    ``acquired_at`` (aware ``datetime``) and ``waited`` (seconds spent in
+    acquire) describe the grant in the event history.
     """
 
     def __init__(
@@ -38,6 +44,7 @@ class Grant:
         record: GrantRecord,
         ttl: float,
         acquire_started: float,
+        identity: Identity,
         on_lost: Callable[[Grant, str], None] | None,
     ) -> None:
         self.spec = spec
@@ -48,6 +55,9 @@ class Grant:
         self.fence = record.fence
         self.expires_at: datetime | None = record.expires_at
         self.ttl = ttl
+        self.identity = identity
+        self.acquired_at = timezone.now()
+        self.waited = time.monotonic() - acquire_started  # seconds, for the history
         self._on_lost = on_lost
         self._guard = threading.Lock()
         self._believe_until = acquire_started + ttl * (1 - BELIEF_MARGIN)
@@ -115,6 +125,7 @@ class Grant:
                 return
             self._lost_reason = reason
         lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
+        events.grant_ended(self, Kind.LOST, reason)
         lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=reason)
         if self._on_lost is not None:
             self._on_lost(self, reason)

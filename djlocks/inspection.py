@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import getpass
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from djlocks.backends import backends
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
+from djlocks.events import Kind, events
 
 force_release_log = logging.getLogger("djlocks.force_release")
 
@@ -32,10 +33,15 @@ class Snapshot:
     def as_json(self) -> dict[str, list[dict[str, Any]]]:
         """Plain data; owner tokens are left out, since a token lets its bearer release."""
         return {
-            "holders": [{k: v for k, v in asdict(h).items() if k != "token"} for h in self.holders],
-            "waiters": [asdict(w) for w in self.waiters],
-            "cooldowns": [asdict(c) for c in self.cooldowns],
+            "holders": [public(h) for h in self.holders],
+            "waiters": [vars(w).copy() for w in self.waiters],
+            "cooldowns": [vars(c).copy() for c in self.cooldowns],
         }
+
+
+def public(holder: HolderInfo) -> dict[str, Any]:
+    """A holder as plain data without its owner token, which lets its bearer release."""
+    return {k: v for k, v in vars(holder).items() if k != "token"}
 
 
 def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
@@ -49,19 +55,22 @@ def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
     return found
 
 
-def force_release(holders: list[HolderInfo], *, reason: str = "") -> int:
-    """Take each grant away by its owner token; return how many were still live.
+def force_release(
+    holders: list[HolderInfo], *, reason: str = "", operator: str | None = None
+) -> list[HolderInfo]:
+    """Take each grant away by its owner token; return those that were still live.
 
     A grant that ended meanwhile is left alone, and so is whoever holds the
     slot now: release is by token, never by name (G7, G13). The holder learns
-    ``LockLost`` at its next check, renewal or release.
+    ``LockLost`` at its next check, renewal or release. Each release is
+    logged on ``djlocks.force_release`` and recorded as a ``forced_release``
+    event with ``operator`` (default: the operating-system user) and ``reason``.
     """
-    operator = getpass.getuser()
-    released = 0
+    operator = operator or getpass.getuser()
+    released = []
     for holder in holders:
-        count = backends[holder.backend].force_release(holder.name, holder.token)
-        released += count
-        if count:
+        if backends[holder.backend].force_release(holder.name, holder.token):
+            released.append(holder)
             force_release_log.warning(
                 "forced release of %s slot %s (fence %s, held by %s pid %s, %s) by %s: %s",
                 holder.name,
@@ -73,4 +82,5 @@ def force_release(holders: list[HolderInfo], *, reason: str = "") -> int:
                 operator,
                 reason or "no reason given",
             )
+    events.holders_ended(released, Kind.FORCED_RELEASE, operator=operator, reason=reason)
     return released

@@ -1,8 +1,14 @@
-"""Tables of the lease backend (see the README's "How it works")."""
+"""djlocks' tables: lease slots and waiters, session fences and holders, the event history.
+
+``LockName`` has no table: it gives the admin dashboard its place in the admin
+index, its permissions and the object of its ``LogEntry`` records.
+"""
 
 from __future__ import annotations
 
 from django.db import models
+
+from djlocks.events import Kind
 
 
 class LeaseSlot(models.Model):
@@ -33,7 +39,6 @@ class LeaseSlot(models.Model):
     class Meta:
         db_table = "djlocks_lease_slot"
         constraints = [models.UniqueConstraint(fields=["key", "slot"], name="djlocks_slot_key")]
-        permissions = [("force_release", "Can force the release of a lock")]
 
     def __str__(self) -> str:
         return f"{self.name}[{self.slot}]"
@@ -112,3 +117,67 @@ class SessionHolder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}[{self.slot}] by connection {self.connection_id}"
+
+
+class LockName(models.Model):
+    """A lock or semaphore name as the dashboard shows it; the stores are the truth.
+
+    No table (``managed = False``): instances are built by the dashboard for
+    ``LogEntry`` records. ``view`` lets staff see the dashboard;
+    ``force_release`` lets them take grants away and change cool-downs.
+    """
+
+    name = models.CharField(max_length=255, primary_key=True)
+    backend = models.CharField(max_length=100)
+
+    class Meta:
+        managed = False
+        db_table = "djlocks_dashboard_no_table"
+        verbose_name = "lock or semaphore"
+        verbose_name_plural = "locks and semaphores"
+        default_permissions = ("view",)
+        permissions = [("force_release", "Can force the release of a lock and change cool-downs")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.backend})"
+
+
+class LockEvent(models.Model):
+    """One thing that happened to a name: the history behind the dashboard's statistics.
+
+    Written by djlocks on its own connection (never inside the caller's
+    transaction), after the fact: a grant's ``acquired`` event is written with
+    its end, in one round trip. Switched off with ``DJLOCKS["EVENTS"] = False``;
+    ``djlocks sweep`` deletes events older than ``DJLOCKS["EVENTS_RETENTION"]``.
+    """
+
+    Kind = Kind
+
+    at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    backend = models.CharField(max_length=100)
+    name = models.CharField(max_length=255)
+    slot = models.PositiveIntegerField(null=True, blank=True)
+    fence = models.BigIntegerField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(null=True, blank=True)
+    thread = models.CharField(max_length=100, blank=True, default="")
+    label = models.CharField(max_length=255, blank=True, default="")
+    waited = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds from the start of acquire to the grant or the give-up.",
+    )
+    held = models.FloatField(null=True, blank=True, help_text="Seconds from the grant to its end.")
+    operator = models.CharField(
+        max_length=150, blank=True, default="", help_text="Who forced a release or a cool-down."
+    )
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "djlocks_event"
+        indexes = [models.Index(fields=["name", "at"], name="djlocks_event_name_at")]
+        verbose_name = "event"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.name} {self.kind}"

@@ -44,6 +44,8 @@ EXIT_UNAVAILABLE = 69
 #: Exit status when the command could not be started (as a shell reports it).
 EXIT_NOT_FOUND = 127
 #: Signals passed on to the command's process group.
+#: Seconds of waiting after which runlocked, on a terminal, says who holds the name.
+WAITING_NOTICE_AFTER = 0.2
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 PR_SET_PDEATHSIG = 1
@@ -192,7 +194,7 @@ class Supervisor:
 
         def attempt() -> None:
             try:
-                outcome.append(self._acquire_telling_who_holds(abort))
+                outcome.append(self.spec.acquire_grant(abort=abort))
             except BaseException as exc:  # handed to the main thread, which re-raises
                 outcome.append(exc)
             finally:
@@ -204,8 +206,12 @@ class Supervisor:
 
         thread = threading.Thread(target=attempt, name="djlocks-runlocked-acquire", daemon=True)
         thread.start()
+        notice_at = time.monotonic() + WAITING_NOTICE_AFTER if self._chatty() else None
         while not done.is_set():
-            self._wakeup.sleep(None)
+            self._wakeup.sleep(None if notice_at is None else notice_at - time.monotonic())
+            if notice_at is not None and not done.is_set() and time.monotonic() >= notice_at:
+                self._say(f"waiting for {self._what()}, held by {self._holders()}")
+                notice_at = None
             if self._pending_signal is not None:
                 abort.set()
         thread.join()
@@ -218,17 +224,6 @@ class Supervisor:
         if result is None and self._pending_signal is None:
             self._say_not_acquired()
         return result
-
-    def _acquire_telling_who_holds(self, abort: Abort) -> Grant | None:
-        started = time.monotonic()
-        grant = self.spec.acquire_grant(blocking=False, abort=abort)
-        if grant is not None or self.plan.timeout == 0:
-            return grant
-        if self._chatty():
-            self._say(f"waiting for {self._what()}, held by {self._holders()}")
-        timeout = self.plan.timeout
-        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
-        return self.spec.acquire_grant(timeout=left, abort=abort)
 
     # -- the command ---------------------------------------------------------
 

@@ -19,7 +19,6 @@ import json
 import multiprocessing
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djlocks.percentiles import percentile
 from djlocks.stress_increment import increment, record_hold
 
 
@@ -172,13 +172,6 @@ def manage() -> None:
     execute_from_command_line(["manage.py", *sys.argv[2:]])
 
 
-def _percentile(values: list[float], share: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
-
-
 def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> StressResult:
     """Apply the oracles to recorded believed-hold intervals (nanoseconds, monotonic)."""
     ordered = sorted(intervals, key=lambda interval: interval["start"])
@@ -222,8 +215,8 @@ def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> 
         overlaps=overlaps,
         max_concurrent=max_concurrent,
         ops_per_s=round(len(ordered) / span, 1) if span else 0.0,
-        handoff_ms_p50=_round(statistics.median(handoffs)) if handoffs else None,
-        handoff_ms_p99=_round(_percentile(handoffs, 0.99)),
+        handoff_ms_p50=_round(percentile(handoffs, 50)),
+        handoff_ms_p99=_round(percentile(handoffs, 99)),
         fences_increase=fences_increase,
         killed=plan.kill,
     )

@@ -1,18 +1,309 @@
+"""The admin dashboard against the real store: what it shows (G13, RELIABILITY item 25),
+who may see and do what, the confirmed and audited forced release, history, JSON."""
+
 from __future__ import annotations
 
-import pytest
-from django.test import Client
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
-from djlocks import db_lock, db_semaphore
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from djlocks import LockLost, db_lock, db_semaphore
+from djlocks.backends import backends
+from djlocks.models import LockEvent
+from djlocks.runlocked import EXIT_LOST
+from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
+from tests.workers import CONTEXT, start_worker, wait_in_line
 
 pytestmark = pytest.mark.usefixtures("store")
 
+OVERVIEW = "/admin/djlocks/lockname/"
 
-def test_admin_lists_holders_and_is_read_only(admin_client: Client) -> None:
+
+def name_url(name: str, backend: str = "default", **extra: object) -> str:
+    return (
+        reverse("admin:djlocks_name") + "?" + urlencode({"backend": backend, "name": name, **extra})
+    )
+
+
+def release_url(name: str, backend: str = "default", **extra: object) -> str:
+    query = urlencode({"backend": backend, "name": name, **extra})
+    return reverse("admin:djlocks_release") + "?" + query
+
+
+def staff(*codenames: str) -> Client:
+    """A logged-in staff user holding exactly the given djlocks permissions."""
+    user = User.objects.create_user(f"staff-{'-'.join(codenames) or 'none'}", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="djlocks", codename__in=codenames)
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        time.sleep(0.05)
+
+
+def test_the_dashboard_is_in_the_admin_index(admin_client: Client) -> None:
+    index = admin_client.get("/admin/").content.decode()
+    assert OVERVIEW in index and "Locks and semaphores" in index
+
+
+def test_item_25_the_admin_matches_the_store(admin_client: Client) -> None:
+    """One holder and two waiters on a lock, 2 of 3 slots of a semaphore: all shown."""
+    report = CONTEXT.Queue()
     with (
-        db_lock("admin:lock", label="nightly import", timeout=0),
-        db_semaphore("admin:sem", limit=3, timeout=0),
+        db_lock("admin:lock", label="nightly import", timeout=0) as grant,
+        db_semaphore("admin:sem", limit=3, timeout=0, label="render a"),
+        db_semaphore("admin:sem", limit=3, timeout=0, label="render b"),
     ):
-        page = admin_client.get("/admin/djlocks/leaseslot/").content.decode()
-        assert "admin:lock" in page and "nightly import" in page and "admin:sem" in page
-        assert admin_client.get("/admin/djlocks/leaseslot/add/").status_code == 403
+        waiters = [start_worker(wait_in_line, "admin:lock", f"waiter {i}", report) for i in (1, 2)]
+        wait_for(lambda: len(backends["default"].waiters("admin:lock")) == 2)
+
+        overview = admin_client.get(OVERVIEW).content.decode()
+        assert "admin:lock" in overview and "admin:sem" in overview
+        assert "1 / 1" in overview and "2 / 3" in overview and "semaphore of 3" in overview
+
+        page = admin_client.get(name_url("admin:lock")).content.decode()
+        assert "nightly import" in page and str(os.getpid()) in page and str(grant.fence) in page
+        assert grant.expires_at is not None and "data-countdown" in page
+        for worker in waiters:
+            assert str(worker.pid) in page
+        data = admin_client.get(name_url("admin:lock").replace("/name/", "/name.json")).json()
+        (holder,) = data["holders"]
+        assert holder["pid"] == os.getpid() and holder["fence"] == grant.fence
+        assert holder["host"] and holder["since"] and holder["expires_in"] > 0
+        assert "token" not in holder
+        assert [w["position"] for w in data["waiters"]] == [0, 1]
+        assert {w["pid"] for w in data["waiters"]} == {w.pid for w in waiters}
+        assert all(w["host"] and w["since"] for w in data["waiters"])
+
+        semaphore = admin_client.get(name_url("admin:sem").replace("/name/", "/name.json")).json()
+        assert sorted(h["label"] for h in semaphore["holders"]) == ["render a", "render b"]
+        assert semaphore["limit"] == 3
+    for worker in waiters:
+        worker.join(30)
+        assert worker.exitcode == 0
+
+
+def test_search_filters_sorting_and_pagination(admin_client: Client) -> None:
+    for number in range(105):
+        with db_lock(f"page:{number:03}", timeout=0):
+            pass
+    with db_lock("page:held", label="the-one-label", timeout=0):
+        listing = admin_client.get(reverse("admin:djlocks_overview_json") + "?q=page:").json()
+        assert listing["count"] == 106 and listing["pages"] == 2 and len(listing["rows"]) == 100
+        second = admin_client.get(reverse("admin:djlocks_overview_json") + "?q=page:&page=2")
+        assert len(second.json()["rows"]) == 6
+        by_label = admin_client.get(reverse("admin:djlocks_overview_json") + "?q=one-label")
+        assert [row["name"] for row in by_label.json()["rows"]] == ["page:held"]
+        held = admin_client.get(reverse("admin:djlocks_overview_json") + "?state=held").json()
+        assert [row["name"] for row in held["rows"]] == ["page:held"]
+        free = admin_client.get(reverse("admin:djlocks_overview_json") + "?state=free").json()
+        assert free["count"] == 105
+        backward = admin_client.get(reverse("admin:djlocks_overview_json") + "?q=page:&o=-name")
+        assert backward.json()["rows"][0]["name"] == "page:held"
+        page = admin_client.get(OVERVIEW + "?q=page:&page=2").content.decode()
+        assert "page:104" in page and "page:000" not in page
+    assert admin_client.get(OVERVIEW + "?backend=nowhere").status_code == 404
+
+
+def test_permissions() -> None:
+    with db_lock("perm:lock", timeout=0):
+        anonymous = Client()
+        assert anonymous.get(OVERVIEW).status_code == 302  # to the admin login
+        assert anonymous.get(reverse("admin:djlocks_overview_json")).status_code == 302
+
+        nobody = staff()
+        assert nobody.get(OVERVIEW).status_code == 403
+        assert nobody.get(name_url("perm:lock")).status_code == 403
+        assert nobody.get(reverse("admin:djlocks_overview_json")).status_code == 403
+        assert "Locks and semaphores" not in nobody.get("/admin/").content.decode()
+
+        viewer = staff("view_lockname")
+        page = viewer.get(name_url("perm:lock"))
+        assert page.status_code == 200 and "Release…" not in page.content.decode()
+        assert (
+            "release_url"
+            not in viewer.get(name_url("perm:lock").replace("/name/", "/name.json")).json()[
+                "holders"
+            ][0]
+        )
+        assert viewer.get(release_url("perm:lock")).status_code == 403
+        refused = viewer.post(release_url("perm:lock"), {"fences": "1", "reason": "x"})
+        assert refused.status_code == 403
+        assert backends["default"].holders("perm:lock"), "a viewer released it"
+
+
+def test_forced_release_needs_csrf(admin_user: User) -> None:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    with db_lock("csrf:lock", timeout=0) as grant:
+        refused = client.post(release_url("csrf:lock"), {"fences": str(grant.fence), "reason": "x"})
+        assert refused.status_code == 403
+        grant.check()  # still held
+
+
+def test_confirmed_forced_release_is_audited_and_the_holder_learns(admin_client: Client) -> None:
+    lock = db_lock("force:lock", label="stuck job", timeout=0)
+    grant = lock.acquire_grant()
+    assert grant is not None
+    confirm = admin_client.get(release_url("force:lock", fence=grant.fence)).content.decode()
+    assert (
+        "stuck job" in confirm
+        and "fence superseded" in confirm
+        and "csrfmiddlewaretoken" in confirm
+    )
+    assert backends["default"].holders("force:lock"), "GET must not release"
+
+    missing_reason = admin_client.post(
+        release_url("force:lock", fence=grant.fence), {"fences": str(grant.fence), "reason": ""}
+    )
+    assert missing_reason.status_code == 200 and backends["default"].holders("force:lock")
+
+    done = admin_client.post(
+        release_url("force:lock", fence=grant.fence),
+        {"fences": str(grant.fence), "reason": "the job hung on a dead NFS mount"},
+    )
+    assert done.status_code == 302 and done["Location"] == name_url("force:lock")
+    assert backends["default"].holders("force:lock") == []
+    with pytest.raises(LockLost):
+        grant.check()
+    with pytest.raises(LockLost):
+        lock.release()
+
+    (entry,) = LogEntry.objects.filter(object_id="force:lock")
+    assert entry.user.username == "admin" and "dead NFS mount" in entry.get_change_message()
+    assert f"fence {grant.fence}" in entry.get_change_message()
+    forced = LockEvent.objects.get(name="force:lock", kind="forced_release")
+    assert forced.operator == "admin" and forced.reason == "the job hung on a dead NFS mount"
+    assert forced.fence == grant.fence
+    kinds = set(LockEvent.objects.filter(name="force:lock").values_list("kind", flat=True))
+    assert kinds == {"forced_release", "acquired", "lost"}
+
+
+def test_only_the_grants_shown_are_released(admin_client: Client) -> None:
+    """A holder that took over between the confirmation and the POST is left alone (G13)."""
+    first = db_lock("shown:lock", timeout=0).acquire_grant()
+    assert first is not None
+    shown_fence = first.fence
+    first.release()
+    with db_lock("shown:lock", timeout=0) as newer:
+        answer = admin_client.post(
+            release_url("shown:lock"), {"fences": str(shown_fence), "reason": "stale page"}
+        )
+        assert answer.status_code == 302
+        newer.check()
+    assert not LogEntry.objects.filter(object_id="shown:lock").exists()
+
+
+def test_cooldown_can_be_cleared_and_extended(admin_client: Client) -> None:
+    with db_semaphore("cool:sem", limit=2, cooldown=300, timeout=0):
+        pass
+    page = admin_client.get(name_url("cool:sem")).content.decode()
+    assert "Clear or change" in page
+    (cooling,) = backends["default"].cooldowns("cool:sem")
+    url = (
+        reverse("admin:djlocks_cooldown")
+        + "?"
+        + urlencode({"backend": "default", "name": "cool:sem", "slot": cooling.slot})
+    )
+    assert "may not be granted again" in admin_client.get(url).content.decode()
+    assert admin_client.post(url, {"seconds": "0", "reason": "deploy done"}).status_code == 302
+    assert backends["default"].cooldowns("cool:sem") == []
+    assert admin_client.post(url, {"seconds": "600", "reason": "hold off"}).status_code == 302
+    (extended,) = backends["default"].cooldowns("cool:sem")
+    # 600 s from the extension's now, against 300 s from the release's now.
+    assert 290 < (extended.until - cooling.until).total_seconds() < 400
+    assert LogEntry.objects.filter(object_id="cool:sem").count() == 2
+    changes = LockEvent.objects.filter(name="cool:sem", kind="cooldown_changed")
+    assert changes.count() == 2 and changes.filter(operator="admin").count() == 2
+    assert admin_client.post(url, {"seconds": "-1", "reason": "x"}).status_code == 200  # refused
+
+
+def test_history_records_and_statistics(admin_client: Client) -> None:
+    for _ in range(3):
+        with db_lock("hist:lock", timeout=0):
+            time.sleep(0.02)
+    with db_lock("hist:lock", timeout=0):
+        assert not db_lock("hist:lock").acquire(timeout=0.05)
+    kinds = list(LockEvent.objects.filter(name="hist:lock").values_list("kind", flat=True))
+    assert sorted(kinds) == sorted(["acquired"] * 4 + ["released"] * 4 + ["timed_out"])
+    data = admin_client.get(name_url("hist:lock").replace("/name/", "/name.json")).json()
+    stats = data["statistics"]
+    assert stats["acquisitions"] == 4 and stats["timed_out"] == 1
+    assert stats["hold_median"] >= 0.02 and stats["hold_p95"] >= stats["hold_median"]
+    assert stats["wait_median"] is not None
+    assert data["events"][0]["kind"] == "released"
+    page = admin_client.get(name_url("hist:lock", period="1h")).content.decode()
+    assert "Recent events" in page and "timed out" in page
+
+
+def test_history_can_be_switched_off(settings: Any) -> None:
+    settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS": False}
+    with db_lock("quiet:lock", timeout=0):
+        pass
+    assert not LockEvent.objects.filter(name="quiet:lock").exists()
+
+
+def test_unknown_or_malformed_targets_are_404(admin_client: Client) -> None:
+    assert admin_client.get(name_url("x", backend="nowhere")).status_code == 404
+    assert admin_client.get(name_url("")).status_code == 404
+    assert admin_client.get(name_url("x" * 300)).status_code == 404
+
+
+def test_a_runlocked_holder_released_in_the_admin_stops_its_command(
+    admin_client: Client, tmp_path: Path
+) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"echo $$ > {pid_file}; exec sleep 60"
+    wrapper = runlocked(
+        "admin:cron", "--ttl", "1.5", "--label", "nightly", "--", "sh", "-c", script
+    )
+    command = int(wait_for_file(pid_file))
+    (holder,) = backends["default"].holders("admin:cron")
+    assert holder.label == "nightly"
+    answer = admin_client.post(
+        release_url("admin:cron", fence=holder.fence),
+        {"fences": str(holder.fence), "reason": "stuck since last night"},
+    )
+    assert answer.status_code == 302
+    assert finished(wrapper) == EXIT_LOST
+    wait_until_dead(command, timeout=5)
+
+
+def test_sweep_records_expired_leases_and_prunes_old_history(settings: Any) -> None:
+    lock = db_lock("sweep:lock", ttl=0.3, renew=False, label="crashed job")
+    grant = lock.acquire_grant()
+    assert grant is not None
+    time.sleep(0.5)
+    LockEvent.objects.create(
+        at=timezone.now() - timedelta(days=30), kind="released", backend="default", name="sweep:old"
+    )
+    settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS_RETENTION": 7 * 24 * 3600}
+    output = StringIO()
+    call_command("djlocks", "sweep", stdout=output)
+    assert "1 expired grants" in output.getvalue() and "1 event(s)" in output.getvalue()
+    expired = LockEvent.objects.get(name="sweep:lock", kind="expired")
+    assert expired.label == "crashed job" and expired.fence == grant.fence
+    assert 0.2 < (expired.held or 0) < 0.5
+    assert not LockEvent.objects.filter(name="sweep:old").exists()
+    with pytest.raises(LockLost):
+        lock.release()

@@ -3,7 +3,6 @@ real processes (runlocked, its command and, where needed, another holder)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -15,47 +14,10 @@ import pytest
 from djlocks import Lock
 from djlocks.backends import backends
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
-from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
+from djlocks.stress import StressPlan, run_stress
+from tests.processes import alive, finished, manage, runlocked, wait_for_file, wait_until_dead
 
 pytestmark = pytest.mark.usefixtures("store")
-
-
-def manage(*args: str, **popen: object) -> subprocess.Popen[str]:
-    """``manage.py ARGS`` against the test database, as a real process."""
-    command = [*manage_command(current_database_names()), *args]
-    return subprocess.Popen(command, text=True, **popen)  # type: ignore[call-overload]
-
-
-def runlocked(*args: str, **popen: object) -> subprocess.Popen[str]:
-    return manage("runlocked", *args, **popen)
-
-
-def finished(process: subprocess.Popen[str], timeout: float = 30) -> int:
-    return process.wait(timeout)
-
-
-def wait_for_file(path: Path, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} was never written"
-        time.sleep(0.02)
-    return path.read_text().strip()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (dead, not yet reaped by its parent) counts as dead.
-    return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
-
-
-def wait_until_dead(pid: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while alive(pid):
-        assert time.monotonic() < deadline, f"process {pid} is still running"
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -15,10 +15,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.test import Client
+from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
@@ -97,7 +100,7 @@ def test_forced_release_kills_exactly_the_holder_which_learns_it_lost() -> None:
     first, second = lock("s:a"), lock("s:b")
     grant_a, grant_b = first.acquire_grant(), second.acquire_grant()
     assert grant_a is not None and grant_b is not None
-    assert force_release(backends[SESSION].holders("s:a")) == 1
+    assert len(force_release(backends[SESSION].holders("s:a"))) == 1
     with pytest.raises(LockLost):
         grant_a.check()
     with pytest.raises(LockLost):
@@ -244,7 +247,7 @@ def test_runlocked_on_session_locks(tmp_path: Path) -> None:
     while not backends[SESSION].holders("s:cron"):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert force_release(backends[SESSION].holders("s:cron")) == 1
+    assert len(force_release(backends[SESSION].holders("s:cron"))) == 1
     assert wrapper.wait(10) == EXIT_LOST
     # SIGKILL of the wrapper: the server frees the lock at once (its session ends).
     wrapper = runlocked("s:cron", "--", "sleep", "300")
@@ -254,3 +257,22 @@ def test_runlocked_on_session_locks(tmp_path: Path) -> None:
     wrapper.kill()
     wrapper.wait(10)
     assert_free_within_a_second("s:cron")
+
+
+def test_the_admin_shows_the_connection_and_releases_by_killing_it(admin_client: Client) -> None:
+    query = urlencode({"backend": SESSION, "name": "s:admin"})
+    grant = lock("s:admin", label="pinned report").acquire_grant()
+    assert grant is not None
+    page = admin_client.get(reverse("admin:djlocks_name") + "?" + query).content.decode()
+    (holder,) = backends[SESSION].holders("s:admin")
+    assert "pinned report" in page and str(holder.connection_id) in page
+    assert "with its session" in page
+    release = reverse("admin:djlocks_release") + "?" + query
+    confirm = admin_client.get(release).content.decode()
+    assert "connection is terminated" in confirm and str(holder.connection_id) in confirm
+    answer = admin_client.post(release, {"fences": str(grant.fence), "reason": "stuck"})
+    assert answer.status_code == 302
+    with pytest.raises(LockLost):
+        grant.check()
+    with pytest.raises(LockLost):
+        grant.release()

@@ -120,6 +120,9 @@ class LockBackend(ABC):
     ends in an unknown state is cleaned up by token before returning.
     """
 
+    #: What a forced release does to the holder, for the admin's confirmation page.
+    forced_release_effect = "its grant is taken away"
+
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         self.alias = alias
         self.options = dict(options)
@@ -154,8 +157,23 @@ class LockBackend(ABC):
     def waiters(self, name: str | None = None) -> list[WaiterInfo]: ...
 
     @abstractmethod
+    def names(self) -> list[tuple[str, int]]:
+        """Every ``(name, limit)`` the store knows, held or free, sorted by name."""
+
+    @abstractmethod
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         """Slots whose cool-down has not yet ended, by the store's clock."""
+
+    def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:
+        """End slot ``slot``'s cool-down ``seconds`` from the store's now (0 clears it).
+
+        Returns the new end. Raises ``ValueError`` if the store has no such
+        slot, or (this default) keeps no cool-downs at all.
+        """
+        raise ValueError(
+            f"Backend {self.alias!r} ({type(self).__name__}) keeps no cool-downs; "
+            f"use a lease backend for names that need one."
+        )
 
     @abstractmethod
     def sweep(self) -> dict[str, int]:

@@ -64,6 +64,9 @@ class DedicatedConnections(threading.local):
         wrapper = self._wrapper
         if wrapper.connection is None:
             wrapper.ensure_connection()
+            # A thread that ends drops its wrapper without closing it: close the
+            # driver's connection then, not at some later garbage collection.
+            weakref.finalize(wrapper, _close_quietly, wrapper.connection)
             if self.on_connect is not None:
                 self.on_connect(wrapper)
         return wrapper
@@ -91,3 +94,8 @@ class DedicatedConnections(threading.local):
         if wrapper is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 wrapper.close()
+
+
+def _close_quietly(connection: object) -> None:
+    with contextlib.suppress(Exception):
+        connection.close()  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -43,8 +43,14 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.conf import djlocks_settings
+from djlocks.events import Kind, events
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
 from djlocks.keys import table_key
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+    from djlocks.models import LeaseSlot
 
 acquire_log = logging.getLogger("djlocks.acquire")
 release_log = logging.getLogger("djlocks.release")
@@ -60,6 +66,19 @@ HEAD_POLL_MIN = 0.001  # seconds; the head of the queue polls from here ...
 HEAD_POLL_MAX = 0.004  # ... backing off to here
 QUEUE_POLL_STEP = 0.005  # a waiter k places behind the next-in-line polls every k steps
 CLAIM_RETRIES = 20
+HOLDER_FIELDS = [
+    "name",
+    "slot",
+    "limit",
+    "host",
+    "pid",
+    "thread",
+    "label",
+    "acquired_at",
+    "expires_at",
+    "fence",
+    "token",
+]
 
 T = TypeVar("T")
 
@@ -139,6 +158,11 @@ class LeaseBackend(LockBackend):
     Crash release: at the TTL. Waiters queue FIFO in ``djlocks_lease_waiter``;
     the head of the queue polls with back-off, the others poll more slowly.
     """
+
+    forced_release_effect = (
+        "its lease is revoked at once and its fence superseded: the next holder gets a "
+        "higher fence, so the old holder's fenced writes are refused"
+    )
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
@@ -623,24 +647,35 @@ class LeaseBackend(LockBackend):
         )
         if name is not None:
             live = live.filter(key=table_key(name))
+        return self._holders_in(live.order_by("name", "slot"))
+
+    def _holders_in(self, rows: QuerySet[LeaseSlot]) -> list[HolderInfo]:
+        """The grants of slot rows (read as plain tuples: the dashboard reads thousands)."""
         return [
             HolderInfo(
-                name=row.name,
+                name=name,
                 backend=self.alias,
-                slot=row.slot,
-                limit=row.limit,
-                host=row.host,
-                pid=row.pid or 0,
-                thread=row.thread,
-                label=row.label,
-                since=row.acquired_at or row.expires_at,
-                expires_at=row.expires_at,
-                fence=row.fence,
-                token=row.token or "",
+                slot=slot,
+                limit=limit,
+                host=host,
+                pid=pid or 0,
+                thread=thread,
+                label=label,
+                since=acquired or expires,
+                expires_at=expires,
+                fence=fence,
+                token=token or "",
             )
-            for row in live.order_by("name", "slot")
-            if row.expires_at is not None
+            for name, slot, limit, host, pid, thread, label, acquired, expires, fence, token in (
+                rows.values_list(*HOLDER_FIELDS)
+            )
         ]
+
+    def names(self) -> list[tuple[str, int]]:
+        from djlocks.models import LeaseSlot
+
+        known = LeaseSlot.objects.using(self.using).values_list("name", "limit").distinct()
+        return list(known.order_by("name"))
 
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         from djlocks.models import LeaseWaiter
@@ -682,22 +717,38 @@ class LeaseBackend(LockBackend):
     def sweep(self) -> dict[str, int]:
         """Delete dead waiters' records and clear expired grants' holder details.
 
-        Slot rows themselves are kept: each remembers the last fence issued on
-        it, and deleting it would let a later grant reuse a fence (G3).
+        Each expired grant is recorded as an ``expired`` event first. Slot rows
+        themselves are kept: each remembers the last fence issued on it, and
+        deleting it would let a later grant reuse a fence (G3).
         """
+        from djlocks.models import LeaseSlot
+
         now = self.dialect.now
         dead_waiters = self._run(
             lambda db: self._execute(db, f"DELETE FROM {WAITERS} WHERE expires_at <= {now}", ())
         )
-        expired_grants = self._run(
-            lambda db: self._execute(
-                db,
-                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL "
-                f"WHERE token IS NOT NULL AND expires_at <= {now}",
-                (),
-            )
+        expired = LeaseSlot.objects.using(self.using).filter(
+            token__isnull=False, expires_at__lte=_db_now(self.using)
         )
-        return {"expired grants": expired_grants, "dead waiters": dead_waiters}
+        ended = self._holders_in(expired)
+        events.holders_ended(ended, Kind.EXPIRED, reason="the lease ran out without a release")
+        cleared = expired.update(token=None, expires_at=None)
+        return {"expired grants": cleared, "dead waiters": dead_waiters}
+
+    def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:
+        def set_until(db: BaseDatabaseWrapper) -> int:
+            until = f"{self.dialect.plus_seconds}" if seconds > 0 else "NULL"
+            params = (self.dialect.seconds_param(seconds),) if seconds > 0 else ()
+            return self._execute(
+                db,
+                f"UPDATE {SLOTS} SET cooldown_until = {until} WHERE name_key = %s AND slot = %s",
+                (*params, table_key(name), slot),
+            )
+
+        if not self._run(set_until):
+            raise ValueError(f"{name!r} has no slot {slot} on backend {self.alias!r}.")
+        cooling = [c.until for c in self.cooldowns(name) if c.slot == slot]
+        return cooling[0] if cooling else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
         sql = f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE name_key = %s"

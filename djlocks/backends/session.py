@@ -107,6 +107,10 @@ class SessionBackend(LockBackend):
     """
 
     vendor: str
+    forced_release_effect = (
+        "its dedicated database connection is terminated, so the server frees the lock at "
+        "once; the holder's next check, renewal or release raises LockLost"
+    )
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
@@ -387,6 +391,12 @@ class SessionBackend(LockBackend):
                     key = self.key(name) if holder.limit == 1 else self.key(name, holder.slot)
                     killed += self._kill(side, holder.connection_id or 0, key)
         return killed
+
+    def names(self) -> list[tuple[str, int]]:
+        from djlocks.models import SessionFence
+
+        known = SessionFence.objects.using(self.using).values_list("name", "limit")
+        return list(known.order_by("name"))
 
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return []  # refused at acquire: a session lock cannot outlive its release

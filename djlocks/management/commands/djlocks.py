@@ -13,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from djlocks.arguments import validate_name
 from djlocks.backends import backends
 from djlocks.backends.session import SessionBackend
+from djlocks.events import events
 from djlocks.inspection import Snapshot, force_release, snapshot
 from djlocks.keys import GATE, table_key
 from djlocks.stress import StressPlan, run_stress
@@ -158,7 +159,7 @@ class Command(BaseCommand):
             self._confirm(len(holders))
         released = force_release(holders, reason=reason)
         self.stdout.write(
-            f"Released {released} grant(s) of {name!r}; each holder gets LockLost at its "
+            f"Released {len(released)} grant(s) of {name!r}; each holder gets LockLost at its "
             f"next check, renewal or release, and a runlocked holder stops its command."
         )
 
@@ -192,6 +193,7 @@ class Command(BaseCommand):
             removed = backends[alias].sweep()
             summary = ", ".join(f"{count} {kind}" for kind, count in removed.items())
             self.stdout.write(f"{alias}: {summary or 'nothing to sweep'}")
+        self.stdout.write(f"history: {events.sweep()} event(s) past the retention deleted")
 
     # -- stress --------------------------------------------------------------
 

@@ -1,0 +1,118 @@
+"""``make bench``: run the workloads on every database, write docs/benchmarks.md and JSON.
+
+Each workload script runs in its own process per database (the project picks
+its database with ``DJLOCKS_DB``) and prints one JSON document; this collects
+them into ``docs/benchmarks.json`` and renders ``docs/benchmarks.md``.
+
+Usage: python bench/run.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATABASES = ("sqlite", "postgresql", "mysql")
+WORKLOADS = ("uncontended", "dashboard_scale")
+
+
+def measure(workload: str, database: str, quick: bool) -> dict[str, Any]:
+    command = [sys.executable, str(ROOT / "bench" / f"{workload}.py")]
+    if quick:
+        command.append("--quick")
+    print(f"  {workload} on {database} ...", file=sys.stderr, flush=True)
+    finished = subprocess.run(
+        command,
+        env={**os.environ, "DJLOCKS_DB": database},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result: dict[str, Any] = json.loads(finished.stdout.strip().splitlines()[-1])
+    return result
+
+
+def machine() -> dict[str, str]:
+    import django
+
+    return {
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [
+        "# djlocks benchmarks",
+        "",
+        f"Written by `{report['command']}` on {report['machine']['when']}: "
+        f"Python {report['machine']['python']}, Django {report['machine']['django']}, "
+        f"{report['machine']['machine']}. Figures are medians and ratios from one run; "
+        "the workloads are those of BENCHMARKS.md.",
+        "",
+        "## Uncontended acquire + release (workload 2)",
+        "",
+        "`x RTT` is the median pair over the median `SELECT 1` round trip (the floor) "
+        "measured in the same process; contenders interleaved round by round.",
+        "",
+        "| database | floor | contender | median | p99 | x RTT |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for run in report["uncontended"]:
+        for row in run["results"]:
+            lines.append(
+                f"| {run['database']} | {run['floor_us']} µs | {row['contender']} | "
+                f"{row['median_us']} µs | {row['p99_us']} µs | {row['x_rtt']} |"
+            )
+    lines += [
+        "",
+        "## Scale (workload 6): 10,000 held names and 1,000 waiters",
+        "",
+        "| database | overview page | overview search | overview.json | name page "
+        "| `djlocks list --json` |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for run in report["dashboard_scale"]:
+        lines.append(
+            f"| {run['database']} | {run['overview_page_s']} s | {run['overview_search_s']} s | "
+            f"{run['overview_json_s']} s | {run['name_page_s']} s | {run['list_json_s']} s |"
+        )
+    lines += [
+        "",
+        "## Not measured yet",
+        "",
+        "Workloads 3 (contended lock: ops/s, hand-off, barging), 4 (semaphore), 5 "
+        "(runlocked; figures in the README from its own test), the 1,000 waiters on one "
+        "name, and the packaged peers (django-mysql, django-pglock, redis-py, "
+        "python-redis-lock, django-db-mutex) join this harness next (issue 9).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    report: dict[str, Any] = {
+        "command": "make bench" + (" (quick)" if quick else ""),
+        "machine": machine(),
+    }
+    for workload in WORKLOADS:
+        report[workload] = [measure(workload, database, quick) for database in DATABASES]
+    docs = ROOT / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
+    (docs / "benchmarks.md").write_text(render(report))
+    print(render(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""What the admin dashboard shows: one summary per name and backend, filtered and sorted.
+
+The rows come from the stores' own answers (``inspection.snapshot`` and each
+backend's ``names()``), so the dashboard tells what ``djlocks list`` tells (G13).
+The admin views in ``djlocks.admin`` only render and serve these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from djlocks.backends import backends
+from djlocks.inspection import Snapshot, snapshot
+
+#: A lease whose expiry is this many seconds away, or past, counts as expiring.
+EXPIRING_WITHIN = 10.0
+
+STATES = {
+    "held": "held",
+    "waited": "waited on",
+    "expiring": "expiring",
+    "cooldown": "in cool-down",
+    "free": "free",
+}
+
+#: Sortable columns: the ``o`` query value -> the row's value at a given now.
+SORTS: dict[str, Callable[[NameSummary, datetime], Any]] = {
+    "name": lambda row, now: row.name,
+    "backend": lambda row, now: row.backend,
+    "holders": lambda row, now: row.holders,
+    "waiters": lambda row, now: row.waiters,
+    "wait": lambda row, now: row.longest_wait(now),
+    "expiry": lambda row, now: row.expires_in(now),
+}
+
+
+@dataclass
+class NameSummary:
+    """One name on one backend: how many hold it, how many wait, since when, until when."""
+
+    backend: str
+    name: str
+    limit: int
+    holders: int = 0
+    waiters: int = 0
+    waiting_since: datetime | None = None
+    nearest_expiry: datetime | None = None
+    cooldown_until: datetime | None = None
+    words: set[str] = field(default_factory=set)  # hosts and labels, for search
+
+    @property
+    def kind(self) -> str:
+        return "lock" if self.limit == 1 else f"semaphore of {self.limit}"
+
+    def longest_wait(self, now: datetime) -> float | None:
+        """Seconds the first waiter has waited, or ``None`` without waiters."""
+        return None if self.waiting_since is None else (now - self.waiting_since).total_seconds()
+
+    def expires_in(self, now: datetime) -> float | None:
+        """Seconds until the nearest lease expiry (negative: overdue), ``None`` if no lease."""
+        return None if self.nearest_expiry is None else (self.nearest_expiry - now).total_seconds()
+
+    def states(self, now: datetime) -> list[str]:
+        found = []
+        if self.holders:
+            found.append("held")
+        if self.waiters:
+            found.append("waited")
+        expires_in = self.expires_in(now)
+        if expires_in is not None and expires_in <= EXPIRING_WITHIN:
+            found.append("expiring")
+        if self.cooldown_until is not None and self.cooldown_until > now:
+            found.append("cooldown")
+        return found or ["free"]
+
+    def matches(self, text: str) -> bool:
+        needle = text.lower()
+        return needle in self.name.lower() or any(needle in word.lower() for word in self.words)
+
+    def as_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "kind": self.kind,
+            "limit": self.limit,
+            "holders": self.holders,
+            "waiters": self.waiters,
+            "longest_wait": self.longest_wait(now),
+            "expires_in": self.expires_in(now),
+            "cooldown_until": self.cooldown_until,
+            "cooldown_ends_in": (
+                None if self.cooldown_until is None else (self.cooldown_until - now).total_seconds()
+            ),
+            "states": [STATES[state] for state in self.states(now)],
+        }
+
+
+def summaries(found: Snapshot, known: Mapping[tuple[str, str], int]) -> list[NameSummary]:
+    """Fold holders, waiters and cool-downs into one summary per (backend, name).
+
+    ``known`` maps every (backend, name) the stores remember to its limit, so
+    that free names are listed too.
+    """
+    rows = {key: NameSummary(key[0], key[1], limit) for key, limit in known.items()}
+
+    def row(backend: str, name: str, limit: int = 1) -> NameSummary:
+        return rows.setdefault((backend, name), NameSummary(backend, name, limit))
+
+    for holder in found.holders:
+        summary = row(holder.backend, holder.name, holder.limit)
+        summary.limit = holder.limit
+        summary.holders += 1
+        summary.words.update((holder.host, holder.label))
+        if holder.expires_at is not None:
+            summary.nearest_expiry = _earliest(summary.nearest_expiry, holder.expires_at)
+    for waiter in found.waiters:
+        summary = row(waiter.backend, waiter.name)
+        summary.waiters += 1
+        summary.words.update((waiter.host, waiter.label))
+        summary.waiting_since = _earliest(summary.waiting_since, waiter.since)
+    for cooling in found.cooldowns:
+        summary = row(cooling.backend, cooling.name)
+        if summary.cooldown_until is None or cooling.until > summary.cooldown_until:
+            summary.cooldown_until = cooling.until
+    return list(rows.values())
+
+
+def overview(backend: str | None = None) -> list[NameSummary]:
+    """Every name of every backend (or of ``backend``), as the stores answer now."""
+    aliases = [backend] if backend else backends.aliases()
+    known = {(alias, name): limit for alias in aliases for name, limit in backends[alias].names()}
+    return summaries(snapshot(backend=backend), known)
+
+
+def select(
+    rows: list[NameSummary], *, now: datetime, search: str, state: str, order: str
+) -> list[NameSummary]:
+    """Rows matching ``search`` (name, host or label) and ``state``, sorted by ``order``.
+
+    ``order`` is a key of ``SORTS``, ``-`` first for descending; unknown values
+    sort by name. Rows without a value for the sort key come last.
+    """
+    chosen = [
+        row
+        for row in rows
+        if (not search or row.matches(search)) and (not state or state in row.states(now))
+    ]
+    descending = order.startswith("-")
+    column = order.lstrip("-")
+    if column not in SORTS:
+        column, descending = "name", False
+
+    keyed = [(SORTS[column](row, now), row) for row in chosen]
+    present = [(value, row) for value, row in keyed if value is not None]
+    absent = [row for value, row in keyed if value is None]
+    present.sort(key=lambda pair: (pair[0], pair[1].name, pair[1].backend), reverse=descending)
+    absent.sort(key=lambda row: (row.name, row.backend))
+    return [row for _, row in present] + absent
+
+
+def _earliest(current: datetime | None, candidate: datetime) -> datetime:
+    return candidate if current is None or candidate < current else current

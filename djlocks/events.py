@@ -1,0 +1,296 @@
+"""The event history: what happened to each name, for the dashboard and its statistics.
+
+Events are written on a connection djlocks owns (``DedicatedConnections``), so
+a caller's rollback cannot erase them and a caller's broken transaction
+cannot break a release. A write that fails is logged on ``djlocks.events``
+and dropped: history is an aid to operators, never a reason to fail a lock
+operation. A grant's ``acquired`` and end events are written together, in
+one ``INSERT``, when the grant ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from djlocks.backends.base import AcquireRequest, HolderInfo
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.conf import djlocks_settings
+from djlocks.percentiles import percentile
+
+if TYPE_CHECKING:
+    from djlocks.grant import Grant
+    from djlocks.models import LockEvent
+
+events_log = logging.getLogger("djlocks.events")
+
+
+class Kind(models.TextChoices):
+    """What happened: the values of ``LockEvent.kind``."""
+
+    ACQUIRED = "acquired", "acquired"
+    RELEASED = "released", "released"
+    TIMED_OUT = "timed_out", "timed out"
+    CANCELLED = "cancelled", "cancelled"
+    LOST = "lost", "lost"
+    EXPIRED = "expired", "expired"
+    FORCED_RELEASE = "forced_release", "forced release"
+    COOLDOWN_CHANGED = "cooldown_changed", "cool-down changed"
+
+
+#: The statistics look at no more than this many of a name's most recent events.
+STATISTICS_WINDOW = 100_000
+
+
+class EventLog:
+    """Records ``LockEvent`` rows in the ``DJLOCKS["EVENTS_DATABASE"]`` database."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, DedicatedConnections] = {}
+        self._guard = threading.Lock()
+
+    # -- what happened --------------------------------------------------------
+
+    def grant_ended(self, grant: Grant, kind: str, reason: str = "") -> None:
+        """The grant was released (``released``) or found lost (``lost``): two events."""
+        ended_at = timezone.now()
+        common = _about_grant(grant)
+        self.record(
+            [
+                _event(at=grant.acquired_at, kind=Kind.ACQUIRED, waited=grant.waited, **common),
+                _event(
+                    at=ended_at,
+                    kind=kind,
+                    held=(ended_at - grant.acquired_at).total_seconds(),
+                    reason=reason,
+                    **common,
+                ),
+            ]
+        )
+
+    def not_acquired(
+        self, backend: str, request: AcquireRequest, waited: float, *, cancelled: bool
+    ) -> None:
+        """An acquire gave up: its time-out ran out (``timed_out``) or it was aborted."""
+        identity = request.identity
+        self.record(
+            [
+                _event(
+                    at=timezone.now(),
+                    kind=Kind.CANCELLED if cancelled else Kind.TIMED_OUT,
+                    backend=backend,
+                    name=request.name,
+                    host=identity.host,
+                    pid=identity.pid,
+                    thread=identity.thread,
+                    label=identity.label,
+                    waited=waited,
+                )
+            ]
+        )
+
+    def holders_ended(
+        self, holders: Iterable[HolderInfo], kind: str, *, operator: str = "", reason: str = ""
+    ) -> None:
+        """Grants that ended without their holder: released by force, or expired leases."""
+        now = timezone.now()
+        self.record(
+            [
+                _event(
+                    at=(ended := min(now, h.expires_at or now)),
+                    kind=kind,
+                    backend=h.backend,
+                    name=h.name,
+                    slot=h.slot,
+                    fence=h.fence,
+                    host=h.host,
+                    pid=h.pid,
+                    thread=h.thread,
+                    label=h.label,
+                    held=(ended - h.since).total_seconds(),
+                    operator=operator,
+                    reason=reason,
+                )
+                for h in holders
+            ]
+        )
+
+    def cooldown_changed(
+        self,
+        backend: str,
+        name: str,
+        slot: int,
+        until: datetime | None,
+        *,
+        operator: str,
+        reason: str,
+    ) -> None:
+        ends = f"cool-down now ends {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cool-down cleared"
+        self.record(
+            [
+                _event(
+                    at=timezone.now(),
+                    kind=Kind.COOLDOWN_CHANGED,
+                    backend=backend,
+                    name=name,
+                    slot=slot,
+                    operator=operator,
+                    reason=f"{ends}: {reason}" if reason else ends,
+                )
+            ]
+        )
+
+    # -- writing and pruning ----------------------------------------------------
+
+    def record(self, events: list[LockEvent]) -> None:
+        """Insert ``events`` in one statement, unless events are switched off or none."""
+        settings = djlocks_settings()
+        if not events or not settings["EVENTS"]:
+            return
+        connections = self._dedicated(settings["EVENTS_DATABASE"])
+        try:
+            _insert(connections.get(), events)
+        except DatabaseError as exc:
+            connections.discard()
+            events_log.warning(
+                "%s event(s) of %s not recorded (%s); run `manage.py migrate djlocks` if "
+                "the djlocks_event table is missing, or set DJLOCKS['EVENTS'] = False",
+                len(events),
+                events[0].name,
+                exc,
+            )
+
+    def sweep(self) -> int:
+        """Delete events older than ``DJLOCKS["EVENTS_RETENTION"]`` seconds; return how many."""
+        settings = djlocks_settings()
+        from djlocks.models import LockEvent
+
+        cutoff = timezone.now() - timedelta(seconds=settings["EVENTS_RETENTION"])
+        deleted, _ = (
+            LockEvent.objects.using(settings["EVENTS_DATABASE"]).filter(at__lt=cutoff).delete()
+        )
+        return deleted
+
+    def _dedicated(self, using: str) -> DedicatedConnections:
+        with self._guard:
+            if using not in self._connections:
+                self._connections[using] = DedicatedConnections(using, on_connect=_relaxed)
+            return self._connections[using]
+
+
+events = EventLog()
+
+
+def _event(**fields: object) -> LockEvent:
+    from djlocks.models import LockEvent
+
+    return LockEvent(**fields)
+
+
+def _relaxed(db: BaseDatabaseWrapper) -> None:
+    """History may lose its last events in a PostgreSQL crash, so it need not wait for the
+    WAL flush: ``synchronous_commit = off`` for this connection only (the PostgreSQL
+    manual, "Asynchronous Commit"). Grants and fences keep their durable commits."""
+    if db.vendor == "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO off")
+
+
+def _about_grant(grant: Grant) -> dict[str, object]:
+    identity = grant.identity
+    return {
+        "backend": grant.spec.backend_alias,
+        "name": grant.name,
+        "slot": grant.slot,
+        "fence": grant.fence,
+        "host": identity.host,
+        "pid": identity.pid,
+        "thread": identity.thread,
+        "label": identity.label,
+    }
+
+
+def _insert(db: BaseDatabaseWrapper, rows: list[LockEvent]) -> None:
+    """One multi-row ``INSERT``, values prepared by the model's fields for ``db``'s vendor."""
+    from djlocks.models import LockEvent
+
+    fields = [f for f in LockEvent._meta.concrete_fields if not f.primary_key]
+    quote = db.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields if f.column)
+    placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    params = [
+        f.get_db_prep_save(getattr(row, f.attname), connection=db) for row in rows for f in fields
+    ]
+    with db.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(LockEvent._meta.db_table)} ({columns}) "
+            f"VALUES {', '.join([placeholders] * len(rows))}",
+            params,
+        )
+
+
+def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:
+    """The last ``count`` events of ``name`` on ``backend``, newest first."""
+    from djlocks.models import LockEvent
+
+    recent = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+    return list(recent.filter(backend=backend, name=name).order_by("-at", "-id")[:count])
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """Counts and wait/hold percentiles (seconds) of a name's events since ``since``."""
+
+    since: datetime
+    acquisitions: int
+    timed_out: int
+    cancelled: int
+    lost: int
+    expired: int
+    forced: int
+    wait_median: float | None
+    wait_p95: float | None
+    hold_median: float | None
+    hold_p95: float | None
+
+
+def statistics(backend: str, name: str, since: datetime) -> Statistics:
+    """Summarise the events of ``name`` on ``backend`` from ``since`` (an aware datetime)."""
+    from djlocks.models import LockEvent
+
+    rows = list(
+        LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+        .filter(backend=backend, name=name, at__gte=since)
+        .order_by("-at")
+        .values_list("kind", "waited", "held")[:STATISTICS_WINDOW]
+    )
+    counts = {kind: 0 for kind in Kind.values}
+    waits: list[float] = []
+    holds: list[float] = []
+    for kind, waited, held in rows:
+        counts[kind] += 1
+        if kind == Kind.ACQUIRED and waited is not None:
+            waits.append(waited)
+        if kind in (Kind.RELEASED, Kind.LOST) and held is not None:
+            holds.append(held)
+    return Statistics(
+        since=since,
+        acquisitions=counts[Kind.ACQUIRED],
+        timed_out=counts[Kind.TIMED_OUT],
+        cancelled=counts[Kind.CANCELLED],
+        lost=counts[Kind.LOST],
+        expired=counts[Kind.EXPIRED],
+        forced=counts[Kind.FORCED_RELEASE],
+        wait_median=percentile(waits, 50),
+        wait_p95=percentile(waits, 95),
+        hold_median=percentile(holds, 50),
+        hold_p95=percentile(holds, 95),
+    )
