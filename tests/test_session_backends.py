@@ -153,7 +153,7 @@ def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
 
 
 def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None:
-    plan = StressPlan(SESSION, processes=8, iterations=20, limit=3, hold_ms=5)
+    plan = StressPlan(SESSION, processes=8, iterations=12, limit=3, hold_ms=30)
     result = run_stress(plan, timeout=240)
     assert result.ok, result
     assert result.max_concurrent == 3
