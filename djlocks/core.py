@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
@@ -37,6 +38,7 @@ release_log = logging.getLogger("djlocks.release")
 F = TypeVar("F", bound=Callable[..., Any])
 _USE_SPEC = object()  # "use the timeout given to the spec"
 LostCallback = Callable[[Grant, str], None]
+ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
 def _holder_key() -> tuple[int, int]:
@@ -188,7 +190,17 @@ class Lock:
         """
         self._release_grant(self._pop_current())
 
-    def _release_grant(self, grant: Grant) -> None:
+    def _release_grant(self, grant: Grant, exc_info: ExcInfo = (None, None, None)) -> None:
+        """End ``grant``; ``exc_info`` is the exception leaving a ``with`` block, if any.
+
+        A grant that lives in a transaction djlocks opened (the row backend)
+        ends with that transaction: committed, or rolled back on an exception.
+        """
+        if grant.scope is not None and grant.thread != threading.get_ident():
+            raise NotHeld(
+                f"The grant of {grant.name!r} lives in the database transaction of the "
+                f"thread that acquired it; release it from that thread."
+            )
         heartbeat.discard(grant)
         lost_earlier = grant.begin_release()
         try:
@@ -196,6 +208,9 @@ class Lock:
         except LockLost as exc:
             grant.mark_lost(str(exc), by_release=True)
             raise
+        finally:
+            if grant.scope is not None:
+                grant.scope.__exit__(*exc_info)
         if lost_earlier is not None:
             raise LockLost(f"The grant of {grant.name!r} was lost before release: {lost_earlier}.")
         release_log.debug("released %s fence %s", grant.name, grant.fence)
@@ -213,10 +228,16 @@ class Lock:
             raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
         return grant
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.release()
+    def __exit__(self, *exc_info: Any) -> None:
+        self._release_grant(self._pop_current(), exc_info)
 
     async def __aenter__(self) -> Grant:
+        if self.backend.in_caller_transaction:
+            raise TypeError(
+                f"{self!r}: a row lock lives in the calling thread's database transaction, "
+                f"which async code does not have. Take it in synchronous code, e.g. in a "
+                f"function run with sync_to_async(thread_sensitive=True)."
+            )
         abort = Abort()
         attempt = asyncio.ensure_future(
             sync_to_async(self.acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)

@@ -6,8 +6,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -59,6 +60,9 @@ class Grant:
         self.acquired_at = timezone.now()
         self.waited = time.monotonic() - acquire_started  # seconds, for the history
         self._on_lost = on_lost
+        #: The transaction the grant lives in, if djlocks opened one (the row backend).
+        self.scope: AbstractContextManager[Any] | None = record.scope
+        self.thread = threading.get_ident()
         self._guard = threading.Lock()
         self._believe_until = acquire_started + ttl * (1 - BELIEF_MARGIN)
         self._lost_reason: str | None = None

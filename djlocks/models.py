@@ -1,4 +1,4 @@
-"""djlocks' tables: lease slots and waiters, session fences and holders, the event history.
+"""djlocks' tables: lease slots and waiters, session and row locks' fences and holders, history.
 
 ``LockName`` has no table: it gives the admin dashboard its place in the admin
 index, its permissions and the object of its ``LogEntry`` records.
@@ -68,11 +68,12 @@ class LeaseWaiter(models.Model):
         return f"{self.name} waiter #{self.pk}"
 
 
-class SessionFence(models.Model):
-    """The last fence issued for a name by a session backend (GET_LOCK, advisory locks).
+class FenceCounter(models.Model):
+    """The last fence issued for a name by a store whose locks the server holds.
 
-    The lock itself lives in the database server's session; this row makes
-    fences durable (each grant increments it right after the server granted)
+    The lock itself lives in the database server (a session's named lock, a
+    transaction's row lock); this row makes fences durable (each grant
+    increments it, on djlocks' own connection, right after the server granted)
     and maps the server's keys back to names for holders and waiters.
     """
 
@@ -82,18 +83,20 @@ class SessionFence(models.Model):
     fence = models.BigIntegerField(default=0)
 
     class Meta:
-        db_table = "djlocks_session_fence"
+        abstract = True
 
     def __str__(self) -> str:
         return f"{self.name} fence {self.fence}"
 
 
-class SessionHolder(models.Model):
-    """Who was last granted a slot of a name by a session backend.
+class ServerHolder(models.Model):
+    """Who was last granted a slot of a name by a store whose locks the server holds.
 
     Whether the grant is live is the server's truth (``IS_USED_LOCK``,
-    ``pg_locks``); a row counts only while its ``connection_id`` still holds
-    the slot's key there. It adds the identity the server does not know.
+    ``pg_locks``, InnoDB's transactions); a row counts only while its
+    ``connection_id`` (and, for row locks on MySQL/MariaDB, its
+    ``transaction_id``) still holds the slot there. It adds the identity the
+    server does not know.
     """
 
     key = models.CharField(max_length=64, db_column="name_key")
@@ -103,6 +106,7 @@ class SessionHolder(models.Model):
     token = models.CharField(max_length=32, unique=True)
     fence = models.BigIntegerField()
     connection_id = models.BigIntegerField()
+    transaction_id = models.BigIntegerField(null=True, blank=True)
     acquired_at = models.DateTimeField()
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField()
@@ -110,13 +114,63 @@ class SessionHolder(models.Model):
     label = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name}[{self.slot}] by connection {self.connection_id}"
+
+
+class SessionFence(FenceCounter):
+    """Fences of the session backends (GET_LOCK, advisory locks)."""
+
+    class Meta:
+        db_table = "djlocks_session_fence"
+
+
+class SessionHolder(ServerHolder):
+    """Holders of the session backends; ``connection_id`` is djlocks' own session."""
+
+    class Meta:
         db_table = "djlocks_session_holder"
         constraints = [
             models.UniqueConstraint(fields=["key", "slot"], name="djlocks_session_holder_slot")
         ]
 
+
+class RowFence(FenceCounter):
+    """Fences of the row backend (``SELECT ... FOR UPDATE``)."""
+
+    class Meta:
+        db_table = "djlocks_row_fence"
+
+
+class RowHolder(ServerHolder):
+    """Holders of the row backend; ``connection_id`` is the caller's own connection."""
+
+    class Meta:
+        db_table = "djlocks_row_holder"
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_row_holder_slot")
+        ]
+
+
+class RowLock(models.Model):
+    """A row the row backend locks: slot 0 of a lock, slots 0 .. limit-1 of a semaphore.
+
+    Never updated: a holder's transaction locks it with ``SELECT ... FOR
+    UPDATE`` and the commit or rollback unlocks it. Created on first use
+    (``INSERT`` that ignores duplicates) and kept.
+    """
+
+    key = models.CharField(max_length=64, db_column="name_key")
+    slot = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "djlocks_row_lock"
+        constraints = [models.UniqueConstraint(fields=["key", "slot"], name="djlocks_row_slot")]
+
     def __str__(self) -> str:
-        return f"{self.name}[{self.slot}] by connection {self.connection_id}"
+        return f"{self.key[:12]}[{self.slot}]"
 
 
 class LockName(models.Model):

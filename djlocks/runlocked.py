@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from django.db import connections
+
 from djlocks.backends.base import Abort
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.core import Lock, Semaphore
@@ -122,6 +124,49 @@ class _Wakeup:
         os.close(self._write)
 
 
+class _GrantOwner(threading.Thread):
+    """The thread that acquires the grant and, when asked, releases it.
+
+    One thread does both because a row lock lives in the acquiring thread's
+    database transaction; every backend is served the same way. ``answered``
+    is set once ``outcome`` (a ``Grant``, ``None`` or an exception) is known.
+    """
+
+    def __init__(self, spec: Lock, abort: Abort, poke: Callable[[], None]) -> None:
+        super().__init__(name="djlocks-runlocked-grant", daemon=True)
+        self.spec, self.abort, self.poke = spec, abort, poke
+        self.answered = threading.Event()
+        self.outcome: Grant | BaseException | None = None
+        self._release_now = threading.Event()
+        self._released = threading.Event()
+        self._release_error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.outcome = self.spec.acquire_grant(abort=self.abort)
+        except BaseException as exc:  # handed to the main thread, which re-raises
+            self.outcome = exc
+        finally:
+            self.answered.set()
+            self.poke()
+        if isinstance(self.outcome, Grant):
+            self._release_now.wait()
+            try:
+                self.outcome.release()
+            except BaseException as exc:
+                self._release_error = exc
+        DedicatedConnections.close_this_thread()
+        connections.close_all()  # this thread's own Django connections
+        self._released.set()
+
+    def release(self) -> None:
+        """Have the thread release the grant; raise what the release raised."""
+        self._release_now.set()
+        self._released.wait()
+        if self._release_error is not None:
+            raise self._release_error
+
+
 class Supervisor:
     """Acquire, run the command, keep the lease renewed, release; see the module docstring."""
 
@@ -133,6 +178,7 @@ class Supervisor:
         self._child: subprocess.Popen[bytes] | None = None
         self._pending_signal: int | None = None  # received while no command ran
         self._lost: str | None = None
+        self._owner: _GrantOwner | None = None
 
     def run(self) -> int:
         """Return runlocked's exit status (see the ``EXIT_*`` constants).
@@ -188,34 +234,20 @@ class Supervisor:
     # -- acquire -------------------------------------------------------------
 
     def _acquire(self) -> Grant | None:
-        """Acquire in a thread, so that a signal can abort the wait cleanly (G6)."""
-        abort, done = Abort(), threading.Event()
-        outcome: list[Grant | BaseException | None] = []
-
-        def attempt() -> None:
-            try:
-                outcome.append(self.spec.acquire_grant(abort=abort))
-            except BaseException as exc:  # handed to the main thread, which re-raises
-                outcome.append(exc)
-            finally:
-                # Renewal and release use their own connections; a session
-                # backend's grant keeps its own session, which this leaves open.
-                DedicatedConnections.close_this_thread()
-                done.set()
-                self._wakeup.poke()
-
-        thread = threading.Thread(target=attempt, name="djlocks-runlocked-acquire", daemon=True)
-        thread.start()
+        """Acquire in the grant's own thread, so that a signal can abort the wait cleanly (G6)."""
+        abort = Abort()
+        self._owner = _GrantOwner(self.spec, abort, self._wakeup.poke)
+        self._owner.start()
         notice_at = time.monotonic() + WAITING_NOTICE_AFTER if self._chatty() else None
-        while not done.is_set():
+        while not self._owner.answered.is_set():
             self._wakeup.sleep(None if notice_at is None else notice_at - time.monotonic())
-            if notice_at is not None and not done.is_set() and time.monotonic() >= notice_at:
+            answered = self._owner.answered.is_set()
+            if notice_at is not None and not answered and time.monotonic() >= notice_at:
                 self._say(f"waiting for {self._what()}, held by {self._holders()}")
                 notice_at = None
             if self._pending_signal is not None:
                 abort.set()
-        thread.join()
-        result = outcome[0]
+        result = self._owner.outcome
         if isinstance(result, BaseException):
             raise result
         if result is not None and self._pending_signal is not None:
@@ -280,8 +312,9 @@ class Supervisor:
         return returncode if returncode >= 0 else 128 - returncode
 
     def _release(self, grant: Grant) -> None:
+        assert self._owner is not None
         try:
-            grant.release()
+            self._owner.release()
         except LockLost as exc:
             self._lost = self._lost or str(exc)
         except BackendUnavailable as exc:

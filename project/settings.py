@@ -104,6 +104,11 @@ DJLOCKS: dict[str, Any] = {
             "BACKEND": "djlocks.backends.lease.LeaseBackend",
             "OPTIONS": {"using": "default"},
         },
+        # SELECT ... FOR UPDATE in the caller's transaction (on SQLite: the write lock).
+        "row": {
+            "BACKEND": "djlocks.backends.row.RowLockBackend",
+            "OPTIONS": {"using": "default"},
+        },
     },
     "TTL": 60,
 }

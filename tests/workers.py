@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import time
@@ -62,11 +63,11 @@ def hold_without_renewal_then_release(name: str, ttl: float, report: Any, go: An
         report.put(("lost", str(exc)))
 
 
-def try_once(name: str, barrier: Any, report: Any, hold: float) -> None:
+def try_once(name: str, barrier: Any, report: Any, hold: float, backend: str = "default") -> None:
     """Line up on ``barrier``, try once, report the outcome, keep a win for ``hold`` s."""
     from djlocks import Lock
 
-    lock = Lock(name, ttl=30)
+    lock = Lock(name, ttl=30, backend=backend)
     barrier.wait()
     try:
         won = lock.acquire(timeout=0)
@@ -86,3 +87,28 @@ def wait_in_line(name: str, label: str, report: Any, backend: str = "default") -
     with Lock(name, ttl=30, label=label, backend=backend) as grant:
         report.put((label, grant.fence))
         time.sleep(0.05)
+
+
+def read_modify_write(counter: str, iterations: int, lock_name: str | None, report: Any) -> None:
+    """Add 1 to a ``FencedCounter`` ``iterations`` times, each in its own transaction.
+
+    Read, pause 0-2 ms, write: without a lock that covers the commit, two
+    workers read the same value and one update is lost. With ``lock_name``,
+    a row lock is taken first in the same transaction (RELIABILITY.md item 19).
+    """
+    import random
+
+    from django.db import transaction
+
+    from djlocks import Lock
+    from project.demo.models import FencedCounter
+
+    for _ in range(iterations):
+        # The handle's grant ends with the inner ``with``; the row stays locked
+        # until the commit, so the update is committed under the lock.
+        guard = Lock(lock_name, backend="row") if lock_name else contextlib.nullcontext()
+        with transaction.atomic(), guard:
+            row = FencedCounter.objects.get(name=counter)
+            time.sleep(random.uniform(0, 0.002))
+            FencedCounter.objects.filter(pk=row.pk).update(value=row.value + 1)
+    report.put(("done", os.getpid()))

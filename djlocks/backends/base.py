@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +49,11 @@ class Abort(threading.Event):
                 self._cancellers.remove(cancel)
 
 
+def seconds_left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative; ``None`` stays."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 @dataclass(frozen=True)
 class AcquireRequest:
     """What a caller asks for: ``limit`` slots of ``name``, leased for ``ttl`` seconds."""
@@ -66,6 +73,9 @@ class GrantRecord:
     slot: int
     fence: int
     expires_at: datetime | None
+    #: A context the backend entered for the grant (the row backend's own
+    #: transaction), left at release with the ``with`` block's exception, if any.
+    scope: AbstractContextManager[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,9 @@ class LockBackend(ABC):
 
     #: What a forced release does to the holder, for the admin's confirmation page.
     forced_release_effect = "its grant is taken away"
+    #: True where a grant lives in the acquiring thread's database transaction
+    #: (the row backend): it is released in that thread, never from async code.
+    in_caller_transaction = False
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         self.alias = alias

@@ -23,16 +23,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from contextlib import closing
 from datetime import UTC, datetime, timedelta
 
 from django.db import DatabaseError
 
 from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.server_records import SESSION_TABLES, Holding, record_grant, register_name
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import LockDeadlock
-from djlocks.keys import mysql_key, table_key
+from djlocks.keys import mysql_key
 
 FOREVER = 365 * 24 * 3600  # seconds; MariaDB refuses a negative GET_LOCK time-out
 #: ER_USER_LOCK_DEADLOCK (MySQL 8), ER_LOCK_DEADLOCK (MariaDB's answer to the same cycle).
@@ -78,41 +78,13 @@ class GetLockBackend(SessionBackend):
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)
 
     def _register(self, session: Session, request: AcquireRequest) -> None:
-        session.execute(
-            "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
-            "VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
-            (table_key(request.name), request.name, request.limit),
-        )
+        with session.cursor() as cursor:
+            register_name(cursor, self.vendor, SESSION_TABLES, request)
 
     def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        """Two statements: the fence (``LAST_INSERT_ID(expr)`` hands it back), then the holder."""
-        key = table_key(request.name)
-        with (
-            session.wrapper.wrap_database_errors,
-            closing(session.wrapper.create_cursor()) as cursor,
-        ):
-            cursor.execute(
-                "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
-                "VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
-                "fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit)",
-                (key, request.name, request.limit),
-            )
-            fence = int(cursor.lastrowid)
-        who = request.identity
-        session.execute(
-            "INSERT INTO djlocks_session_holder (name_key, slot, name, slot_limit, token, fence, "
-            "connection_id, acquired_at, host, pid, thread, label) VALUES "
-            "(%s, %s, %s, %s, %s, %s, CONNECTION_ID(), UTC_TIMESTAMP(6), %s, %s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE name = VALUES(name), slot_limit = VALUES(slot_limit), "
-            "token = VALUES(token), fence = VALUES(fence), connection_id = VALUES(connection_id), "
-            "acquired_at = VALUES(acquired_at), host = VALUES(host), pid = VALUES(pid), "
-            "thread = VALUES(thread), label = VALUES(label)",
-            (
-                *(key, slot, request.name, request.limit, token, fence),
-                *(who.host, who.pid, who.thread, who.label),
-            ),
-        )
-        return fence
+        holding = Holding(session.connection_id)
+        with session.cursor() as cursor:
+            return record_grant(cursor, self.vendor, SESSION_TABLES, request, slot, token, holding)
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if (

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from django.db import DatabaseError
 
 from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.server_records import SESSION_TABLES, Holding, record_grant, register_name
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.exceptions import LockDeadlock
-from djlocks.keys import advisory_key, table_key
+from djlocks.keys import advisory_key
 
 #: The signed bigint key of an advisory lock row of ``pg_locks``.
 LOCK_KEY = "((l.classid::bigint << 32) | l.objid::bigint)"
@@ -89,40 +90,13 @@ class AdvisoryLockBackend(SessionBackend):
         )
 
     def _register(self, session: Session, request: AcquireRequest) -> None:
-        session.execute(
-            "INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence) "
-            "VALUES (%s, %s, %s, 0) ON CONFLICT (name_key) "
-            "DO UPDATE SET slot_limit = EXCLUDED.slot_limit",
-            (table_key(request.name), request.name, request.limit),
-        )
+        with session.cursor() as cursor:
+            register_name(cursor, self.vendor, SESSION_TABLES, request)
 
     def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        """One statement: the fence and the holder's row (a CTE feeds one into the other)."""
-        who = request.identity
-        key = table_key(request.name)
-        row = session.execute(
-            "WITH issued AS ("
-            " INSERT INTO djlocks_session_fence (name_key, name, slot_limit, fence)"
-            " VALUES (%s, %s, %s, 1) ON CONFLICT (name_key) DO UPDATE"
-            " SET fence = djlocks_session_fence.fence + 1, slot_limit = EXCLUDED.slot_limit"
-            " RETURNING fence) "
-            "INSERT INTO djlocks_session_holder (name_key, slot, name, slot_limit, token, fence,"
-            " connection_id, acquired_at, host, pid, thread, label) "
-            "SELECT %s, %s, %s, %s, %s, issued.fence, pg_backend_pid(), statement_timestamp(),"
-            " %s, %s, %s, %s FROM issued "
-            "ON CONFLICT (name_key, slot) DO UPDATE SET name = EXCLUDED.name,"
-            " slot_limit = EXCLUDED.slot_limit, token = EXCLUDED.token, fence = EXCLUDED.fence,"
-            " connection_id = EXCLUDED.connection_id, acquired_at = EXCLUDED.acquired_at,"
-            " host = EXCLUDED.host, pid = EXCLUDED.pid, thread = EXCLUDED.thread,"
-            " label = EXCLUDED.label "
-            "RETURNING fence",
-            (
-                *(key, request.name, request.limit),
-                *(key, slot, request.name, request.limit, token),
-                *(who.host, who.pid, who.thread, who.label),
-            ),
-        )
-        return int(row[0])
+        holding = Holding(session.connection_id)
+        with session.cursor() as cursor:
+            return record_grant(cursor, self.vendor, SESSION_TABLES, request, slot, token, holding)
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if key is None:

@@ -53,6 +53,7 @@ from djlocks.backends.base import (
     HolderInfo,
     LockBackend,
     WaiterInfo,
+    seconds_left,
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.exceptions import BackendUnavailable, LockLost
@@ -76,14 +77,20 @@ class Session:
     pid: int = field(default_factory=os.getpid)
     guard: threading.Lock = field(default_factory=threading.Lock)
 
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[Any]:
+        """A driver cursor whose errors arrive as Django's ``DatabaseError`` subclasses."""
+        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
+            yield cursor
+
     def execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         """Run one statement; return its first row (``None`` if it returned none)."""
-        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
+        with self.cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone() if cursor.description else None
 
     def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
-        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
+        with self.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
@@ -271,21 +278,21 @@ class SessionBackend(LockBackend):
             key = self.key(request.name)
             if self._take(session, key, 0, identity):
                 return 0
-            if _left(deadline) == 0:
+            if seconds_left(deadline) == 0:
                 return None
             self._register(session, request)
-            return 0 if self._take(session, key, _left(deadline), identity) else None
+            return 0 if self._take(session, key, seconds_left(deadline), identity) else None
         slot = self._try_slots(session, request, identity)
-        if slot is not None or _left(deadline) == 0:
+        if slot is not None or seconds_left(deadline) == 0:
             return slot
         self._register(session, request)
         gate = self.key(request.name, GATE)
-        if not self._take(session, gate, _left(deadline), identity):
+        if not self._take(session, gate, seconds_left(deadline), identity):
             return None
         try:
             pause = GATE_POLL_MIN
             while (slot := self._try_slots(session, request, identity)) is None:
-                left = _left(deadline)
+                left = seconds_left(deadline)
                 if left == 0:
                     return None
                 time.sleep(pause if left is None else min(pause, left))
@@ -416,25 +423,28 @@ class SessionBackend(LockBackend):
         }
 
     def _as_waiters(self, rows: Sequence[tuple[str | None, str, datetime]]) -> list[WaiterInfo]:
-        """Waiters from (name or None, description, waiting since) in the server's order."""
-        positions: dict[str, int] = {}
-        waiting = []
-        for name, description, since in rows:
-            if name is None:
-                continue  # not a djlocks name
-            position = positions[name] = positions.get(name, -1) + 1
-            host, pid, label = parse_description(description)
-            waiting.append(WaiterInfo(name, self.alias, position, host, pid, "", label, since))
-        return waiting
+        return queue_order(self.alias, rows)
+
+
+def queue_order(alias: str, rows: Sequence[tuple[str | None, str, datetime]]) -> list[WaiterInfo]:
+    """Waiters from (name or None, ``describe`` text, waiting since) in the server's order.
+
+    Rows without a name (not a djlocks name) are left out; positions count per name.
+    """
+    positions: dict[str, int] = {}
+    waiting = []
+    for name, description, since in rows:
+        if name is None:
+            continue
+        position = positions[name] = positions.get(name, -1) + 1
+        host, pid, label = parse_description(description)
+        waiting.append(WaiterInfo(name, alias, position, host, pid, "", label, since))
+    return waiting
 
 
 @contextlib.contextmanager
 def _nothing() -> Iterator[None]:
     yield
-
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def describe(request: AcquireRequest) -> str:

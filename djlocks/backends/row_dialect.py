@@ -1,0 +1,300 @@
+"""What each database does differently for row locks, behind one small interface.
+
+``RowDialect`` is what ``RowLockBackend`` calls; ``ServerRowDialect`` holds
+what PostgreSQL and MySQL/MariaDB share: rows created on first use on
+djlocks' own connection, fences and holders recorded there
+(``server_records``), holders read back through the server's lock state,
+and a semaphore's waiters queued on a named lock (the gate) whose holder
+polls the slots with ``SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+
+from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
+from djlocks.backends.server_records import ROW_TABLES, Holding, record_grant, register_name
+from djlocks.keys import table_key
+
+if TYPE_CHECKING:
+    from djlocks.backends.row import OwnTransaction, RowLockBackend
+
+GATE_POLL_MIN = 0.001  # seconds; the gate's holder polls the slots from here ...
+GATE_POLL_MAX = 0.004  # ... backing off to here
+CANCEL_EVERY = 0.05  # seconds between cancels of an aborted wait
+#: The ``djlocks.keys`` slot suffix of a row semaphore's waiters' gate.
+ROW_GATE = "row-gate"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A slot row the caller's transaction has just locked, and on which connection.
+
+    ``fence`` is set where the locking statement issued it too (SQLite).
+    """
+
+    slot: int
+    holding: Holding
+    fence: int | None = None
+
+
+class RowDialect(ABC):
+    """The SQL of one database for ``RowLockBackend``."""
+
+    def __init__(self, backend: RowLockBackend) -> None:
+        self.backend = backend
+        self.alias = backend.alias
+        self.using = backend.using
+
+    @abstractmethod
+    def claim(
+        self,
+        request: AcquireRequest,
+        deadline: float | None,
+        abort: Abort | None,
+        own: OwnTransaction | None,
+        taken: frozenset[int],
+    ) -> Claim | None:
+        """Lock a free slot row in the caller's transaction, waiting until ``deadline``.
+
+        ``own`` is the transaction to begin first when the caller had none;
+        ``taken`` are slots this thread's transaction holds already (skip them).
+
+        Raises ``ValueError`` if the database cannot give ``request.limit`` slots.
+        """
+
+    @abstractmethod
+    def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
+        """Issue the fence and record the holder; return the fence."""
+
+    @abstractmethod
+    def is_live(self, name: str, token: str) -> bool: ...
+
+    @abstractmethod
+    def holders(self, name: str | None) -> list[HolderInfo]: ...
+
+    @abstractmethod
+    def waiters(self, name: str | None) -> list[WaiterInfo]: ...
+
+    @abstractmethod
+    def kill(self, name: str, token: str | None) -> int: ...
+
+
+def skip_slots(taken: frozenset[int]) -> str:
+    """SQL that leaves this transaction's own slots out of a ``SKIP LOCKED`` claim."""
+    return "".join(f" AND slot <> {int(slot)}" for slot in sorted(taken))
+
+
+class ServerRowDialect(RowDialect):
+    """PostgreSQL and MySQL/MariaDB: see the module docstring."""
+
+    vendor: str
+    #: SQL selecting the live holder rows ``h`` of ``djlocks_row_holder``.
+    LIVE_HOLDERS: str
+
+    def __init__(self, backend: RowLockBackend) -> None:
+        super().__init__(backend)
+        self._created: set[tuple[str, int]] = set()
+        self._created_guard = threading.Lock()
+
+    # -- what each server does differently ---------------------------------
+
+    @abstractmethod
+    def _try_slots(
+        self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
+    ) -> Claim | None:
+        """One ``SKIP LOCKED`` statement on the caller's connection: a free slot, or none.
+
+        Slots in ``taken`` are skipped too (this transaction's own, see ``RowLockBackend``).
+        """
+
+    @abstractmethod
+    def _wait_for_slot(
+        self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
+    ) -> Claim | None:
+        """Wait in the server up to ``seconds`` (``None``: forever) for the row of ``slot``."""
+
+    @abstractmethod
+    def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
+        """Wait in the server for the name's gate, a session-level named lock."""
+
+    @abstractmethod
+    def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None: ...
+
+    @abstractmethod
+    def _canceller(self) -> Callable[[], None]:
+        """A function that, from another thread, cancels the caller's running statement."""
+
+    @abstractmethod
+    def _create_rows(self, cursor: Any, key: str, limit: int) -> None: ...
+
+    @abstractmethod
+    def _terminate(self, cursor: Any, holder: HolderInfo) -> int:
+        """Terminate ``holder``'s connection if it still holds its slot; return 1 if it did."""
+
+    # -- acquire -------------------------------------------------------------
+
+    def claim(
+        self,
+        request: AcquireRequest,
+        deadline: float | None,
+        abort: Abort | None,
+        own: OwnTransaction | None,
+        taken: frozenset[int],
+    ) -> Claim | None:
+        self._create_once(request)
+        if own is not None:
+            own.begin()
+        with connections[self.using].cursor() as cursor:
+            claim = self._try_slots(cursor, request, taken)
+            if claim is not None or seconds_left(deadline) == 0:
+                return claim
+            with cancellable(abort, self._canceller()) as cancelled:
+                if request.limit == 1:
+                    claim = self._wait_for_slot(cursor, request, 0, seconds_left(deadline))
+                else:
+                    claim = self._poll_behind_gate(cursor, request, deadline, abort, taken)
+            return None if cancelled() else claim
+
+    def _poll_behind_gate(
+        self,
+        cursor: Any,
+        request: AcquireRequest,
+        deadline: float | None,
+        abort: Abort | None,
+        taken: frozenset[int],
+    ) -> Claim | None:
+        """Queue on the gate in the server; only its holder polls the slots, backing off."""
+        if not self._take_gate(cursor, request, seconds_left(deadline)):
+            return None
+        try:
+            pause = GATE_POLL_MIN
+            while (claim := self._try_slots(cursor, request, taken)) is None:
+                left = seconds_left(deadline)
+                if left == 0 or (abort is not None and abort.is_set()):
+                    return None
+                time.sleep(pause if left is None else min(pause, left))
+                pause = min(pause * 1.5, GATE_POLL_MAX)
+            return claim
+        finally:
+            self._give_back_gate(cursor, request)
+
+    def _create_once(self, request: AcquireRequest) -> None:
+        """Create the name's slot rows and fence row, once per process, on djlocks' connection."""
+        key = table_key(request.name)
+        with self._created_guard:
+            if (key, request.limit) in self._created:
+                return
+        with self.backend.side.get().cursor() as cursor:
+            register_name(cursor, self.vendor, ROW_TABLES, request)
+            self._create_rows(cursor, key, request.limit)
+        with self._created_guard:
+            self._created.add((key, request.limit))
+
+    def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
+        with self.backend.side.get().cursor() as cursor:
+            return record_grant(
+                cursor, self.vendor, ROW_TABLES, request, claim.slot, token, claim.holding
+            )
+
+    # -- introspection and forced release ----------------------------------
+
+    def _live_holders(self, name: str | None, token: str | None = None) -> list[HolderInfo]:
+        conditions, params = [], []
+        if name is not None:
+            conditions.append("h.name_key = %s")
+            params.append(table_key(name))
+        if token is not None:
+            conditions.append("h.token = %s")
+            params.append(token)
+        where = f" AND {' AND '.join(conditions)}" if conditions else ""
+        with self.backend.side.get().cursor() as cursor:
+            cursor.execute(
+                f"SELECT h.name, h.slot, h.slot_limit, h.host, h.pid, h.thread, h.label, "
+                f"h.acquired_at, h.fence, h.token, h.connection_id "
+                f"{self.LIVE_HOLDERS}{where} ORDER BY h.name, h.slot",
+                params,
+            )
+            rows = cursor.fetchall()
+        return [self._holder(row) for row in rows]
+
+    def _holder(self, row: Sequence[Any]) -> HolderInfo:
+        name, slot, limit, host, pid, thread, label, since, fence, token, connection_id = row
+        return HolderInfo(
+            name=name,
+            backend=self.alias,
+            slot=slot,
+            limit=limit,
+            host=host,
+            pid=pid,
+            thread=thread,
+            label=label,
+            since=since,
+            expires_at=None,
+            fence=fence,
+            token=token,
+            connection_id=connection_id,
+        )
+
+    def holders(self, name: str | None) -> list[HolderInfo]:
+        return self._live_holders(name)
+
+    def is_live(self, name: str, token: str) -> bool:
+        return bool(self._live_holders(name, token))
+
+    def kill(self, name: str, token: str | None) -> int:
+        killed = 0
+        with self.backend.side.get().cursor() as cursor:
+            for holder in self._live_holders(name, token):
+                killed += self._terminate(cursor, holder)
+        return killed
+
+    def _known_names(self, name: str | None) -> list[str]:
+        from djlocks.models import RowFence
+
+        rows = RowFence.objects.using(self.using)
+        if name is not None:
+            rows = rows.filter(key=table_key(name))
+        return list(rows.values_list("name", flat=True))
+
+
+@contextlib.contextmanager
+def cancellable(abort: Abort | None, cancel: Callable[[], None]) -> Iterator[Callable[[], bool]]:
+    """While the block runs, an abort cancels the caller's statement; yields "was it aborted?".
+
+    A cancel that reaches the server between two statements is ignored there,
+    so once the abort is set the cancel is repeated every ``CANCEL_EVERY``
+    seconds until the block ends. A guard orders each cancel against the
+    block's end, so none is sent after it, to a later statement of the caller.
+    """
+    if abort is None:
+        yield lambda: False
+        return
+    running = True
+    guard = threading.Lock()
+
+    def cancel_until_done() -> None:
+        while True:
+            with guard:
+                if not running:
+                    return
+                cancel()
+            time.sleep(CANCEL_EVERY)
+
+    def start_cancelling() -> None:
+        threading.Thread(target=cancel_until_done, name="djlocks-cancel", daemon=True).start()
+
+    with abort.cancelling(start_cancelling):
+        try:
+            yield abort.is_set
+        finally:
+            with guard:
+                running = False

@@ -1,0 +1,173 @@
+"""Row locks on MySQL 8 and MariaDB 10.6+ (InnoDB "Locking Reads", ``SKIP LOCKED``).
+
+* Waiting: ``innodb_lock_wait_timeout`` is set for the one waiting statement
+  and put back after it (MySQL manual: the limit is in whole seconds, so a
+  time-out is rounded up to the next second). A time-out (1205) rolls back
+  only that statement, leaving the caller's transaction usable, unless the
+  server runs with ``innodb_rollback_on_timeout``, which the system check
+  reports. A deadlock (1213) rolls the caller's whole transaction back:
+  djlocks raises ``LockDeadlock`` and marks the ``atomic`` block for rollback.
+* InnoDB keeps row locks until the transaction ends, even past
+  ``ROLLBACK TO SAVEPOINT``; only locks of rows that someone waits for are
+  visible in ``information_schema``. A holder row therefore records the
+  holder's InnoDB transaction id (``INNODB_TRX``, which needs the ``PROCESS``
+  privilege), and counts while that transaction runs on that connection.
+* Waiters: the waiting statements in the process list (their comment names
+  the waiter); a semaphore's waiters wait in ``GET_LOCK`` on its gate.
+* Forced release: ``KILL CONNECTION`` of the holder after the server confirms
+  it (between the two, a holder that commits and starts another transaction
+  on the same connection could be killed instead: one round trip's window).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, OperationalError, connections, transaction
+
+from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
+from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL
+from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
+from djlocks.backends.server_records import Holding
+from djlocks.backends.session import describe, queue_order
+from djlocks.exceptions import BackendUnavailable, LockDeadlock
+from djlocks.keys import mysql_key, table_key
+
+LOCK_WAIT_TIMEOUT, LOCK_DEADLOCK, QUERY_INTERRUPTED = 1205, 1213, 1317
+WAITING_ROW = re.compile(r"name_key = '([0-9a-f]{64})'")
+#: The caller's InnoDB transaction, read by djlocks' connection while recording the holder.
+CALLER_TRANSACTION = (
+    "(SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s)"
+)
+
+
+class MySQLRows(ServerRowDialect):
+    vendor = "mysql"
+    LIVE_HOLDERS = (
+        "FROM djlocks_row_holder h JOIN information_schema.INNODB_TRX t "
+        "ON t.trx_id = h.transaction_id AND t.trx_mysql_thread_id = h.connection_id WHERE TRUE"
+    )
+
+    def _try_slots(
+        self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
+    ) -> Claim | None:
+        cursor.execute(
+            "SELECT slot, CONNECTION_ID() FROM djlocks_row_lock WHERE name_key = %s "
+            f"AND slot < %s{skip_slots(taken)} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+            (table_key(request.name), request.limit),
+        )
+        row = cursor.fetchone()
+        return None if row is None else _claim(*row)
+
+    def _wait_for_slot(
+        self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
+    ) -> Claim | None:
+        wait = FOREVER if seconds is None else max(1, math.ceil(seconds))
+        cursor.execute(
+            "SET @djlocks_wait = @@SESSION.innodb_lock_wait_timeout, "
+            "SESSION innodb_lock_wait_timeout = %s",
+            (wait,),
+        )
+        try:
+            cursor.execute(
+                f"SELECT /* {describe(request)} */ slot, CONNECTION_ID() FROM djlocks_row_lock "
+                f"WHERE name_key = %s AND slot = %s FOR UPDATE",
+                (table_key(request.name), slot),
+            )
+            row = cursor.fetchone()
+        except DatabaseError as exc:
+            code = exc.args[0] if exc.args else None
+            if code in (LOCK_WAIT_TIMEOUT, QUERY_INTERRUPTED):
+                return None
+            if code == LOCK_DEADLOCK:
+                transaction.set_rollback(True, using=self.using)
+                raise LockDeadlock(
+                    f"MariaDB/MySQL detected a deadlock and rolled the transaction back: {exc}"
+                ) from exc
+            raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
+        finally:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = @djlocks_wait")
+        return None if row is None else _claim(*row)
+
+    def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
+        cursor.execute(
+            f"SELECT /* {describe(request)} */ GET_LOCK(%s, %s)",
+            (mysql_key(request.name, ROW_GATE), FOREVER if seconds is None else seconds),
+        )
+        return bool(cursor.fetchone()[0])
+
+    def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None:
+        cursor.execute("SELECT RELEASE_LOCK(%s)", (mysql_key(request.name, ROW_GATE),))
+
+    def _canceller(self) -> Callable[[], None]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT CONNECTION_ID()")
+            caller = int(cursor.fetchone()[0])
+        side = self.backend.side
+
+        def kill_query() -> None:
+            with side.get().cursor() as kill:
+                kill.execute("KILL QUERY %s", (caller,))
+
+        return kill_query
+
+    def _create_rows(self, cursor: Any, key: str, limit: int) -> None:
+        cursor.execute(
+            "INSERT INTO djlocks_row_lock (name_key, slot) VALUES "
+            + ", ".join(["(%s, %s)"] * limit)
+            + " ON DUPLICATE KEY UPDATE slot = slot",
+            [part for slot in range(limit) for part in (key, slot)],
+        )
+
+    def _terminate(self, cursor: Any, holder: HolderInfo) -> int:
+        cursor.execute(
+            f"SELECT h.connection_id {self.LIVE_HOLDERS} AND h.token = %s", (holder.token,)
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return 0
+        try:
+            cursor.execute("KILL CONNECTION %s", (row[0],))
+        except OperationalError as exc:
+            if "Unknown thread id" in str(exc):
+                return 0
+            raise
+        return 1
+
+    def waiters(self, name: str | None) -> list[WaiterInfo]:
+        known = self._known_names(name)
+        names = {table_key(each): each for each in known}
+        gates = {mysql_key(each, ROW_GATE): each for each in known}
+        with self.backend.side.get().cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            now = cursor.fetchone()[0].replace(tzinfo=UTC)
+            cursor.execute(
+                "SELECT TIME_MS, INFO FROM information_schema.PROCESSLIST "
+                "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
+                ("/* djlocks %",),
+            )
+            rows = cursor.fetchall()
+        waiting: list[tuple[str | None, str, datetime]] = []
+        for elapsed_ms, query in rows:
+            comment = COMMENT.search(query)
+            if comment is not None:
+                since = now - timedelta(milliseconds=float(elapsed_ms))
+                waiting.append((_waited_name(query, names, gates), comment.group(1), since))
+        return queue_order(self.alias, waiting)
+
+
+def _claim(slot: int, connection_id: int) -> Claim:
+    return Claim(slot, Holding(connection_id, CALLER_TRANSACTION, (connection_id,)))
+
+
+def _waited_name(query: str, names: dict[str, str], gates: dict[str, str]) -> str | None:
+    """The name a waiting statement of the process list waits for, if it is one of ours."""
+    if "SKIP LOCKED" not in query and (row := WAITING_ROW.search(query)):
+        return names.get(row.group(1))
+    if gate := WAITING_CALL.search(query):
+        return gates.get(gate.group(1))
+    return None

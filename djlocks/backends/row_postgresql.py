@@ -1,0 +1,192 @@
+"""Row locks on PostgreSQL (PostgreSQL manual, "Row-Level Locks" and "The Locking Clause").
+
+* Waiting: in a savepoint, ``lock_timeout`` and ``application_name`` are set
+  with ``set_config(..., true)`` in the locking statement itself; a time-out
+  is ``lock_not_available`` (55P03), rolled back to the savepoint, which also
+  restores both settings. After a grant the caller's values are put back.
+* Holders: a locked row's ``xmax`` is the locking (sub)transaction's id, and
+  that transaction holds an ``ExclusiveLock`` on its own id in ``pg_locks``
+  for as long as it lives; a holder row counts while the backend pid it names
+  holds the id in the row's ``xmax``. A savepoint rolled back after the lock
+  frees the row and ends its sub-transaction, so it drops out too.
+* Waiters: the first waiter for a row holds the row's tuple lock (and waits
+  for the holder's transaction id), the later ones wait for the tuple lock;
+  both appear as ``tuple`` locks on ``djlocks_row_lock`` in ``pg_locks``. A
+  semaphore's waiters wait for an advisory lock, the gate.
+* Forced release: ``pg_terminate_backend`` of exactly the holding pid, in the
+  statement that confirms it holds the row.
+
+The caller's transaction may be ``REPEATABLE READ`` only if the name's rows
+existed before its snapshot was taken; otherwise a clear error says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+
+from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.postgresql import DEADLOCK_DETECTED, LOCK_KEY, LOCK_NOT_AVAILABLE
+from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
+from djlocks.backends.server_records import Holding
+from djlocks.backends.session import describe, queue_order
+from djlocks.exceptions import BackendUnavailable, LockDeadlock
+from djlocks.keys import advisory_key, table_key
+
+QUERY_CANCELED = "57014"
+#: Set the wait's settings (transaction-local) and hand back the caller's, in one sub-query.
+WAIT_SETTINGS = (
+    "(SELECT current_setting('lock_timeout') AS old_timeout, "
+    "current_setting('application_name') AS old_name, "
+    "set_config('lock_timeout', %s, true), set_config('application_name', %s, true)) AS s"
+)
+
+
+class PostgreSQLRows(ServerRowDialect):
+    vendor = "postgresql"
+    LIVE_HOLDERS = (
+        "FROM djlocks_row_holder h "
+        "JOIN djlocks_row_lock r ON r.name_key = h.name_key AND r.slot = h.slot "
+        "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted "
+        "AND l.transactionid = r.xmax AND l.pid = h.connection_id WHERE TRUE"
+    )
+
+    def _try_slots(
+        self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
+    ) -> Claim | None:
+        cursor.execute(
+            "SELECT slot, pg_backend_pid() FROM djlocks_row_lock WHERE name_key = %s "
+            f"AND slot < %s{skip_slots(taken)} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+            (table_key(request.name), request.limit),
+        )
+        row = cursor.fetchone()
+        return None if row is None else Claim(row[0], Holding(row[1]))
+
+    def _wait_for_slot(
+        self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
+    ) -> Claim | None:
+        rows = self._in_savepoint(
+            cursor,
+            f"SELECT r.slot, pg_backend_pid(), s.old_timeout, s.old_name "
+            f"FROM djlocks_row_lock r, {WAIT_SETTINGS} "
+            f"WHERE r.name_key = %s AND r.slot = %s FOR UPDATE OF r",
+            (_lock_timeout(seconds), describe(request)[:63], table_key(request.name), slot),
+        )
+        if rows is None:
+            return None
+        if not rows:
+            raise _invisible(request)
+        slot, pid, old_timeout, old_name = rows[0]
+        _restore(cursor, old_timeout, old_name)
+        return Claim(slot, Holding(pid))
+
+    def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
+        cursor.execute(
+            "SELECT count(*) FROM djlocks_row_lock WHERE name_key = %s",
+            (table_key(request.name),),
+        )
+        if cursor.fetchone()[0] < request.limit:
+            raise _invisible(request)
+        rows = self._in_savepoint(
+            cursor,
+            f"SELECT s.old_timeout, s.old_name, pg_advisory_lock(%s) FROM {WAIT_SETTINGS}",
+            (
+                advisory_key(request.name, ROW_GATE),
+                _lock_timeout(seconds),
+                describe(request)[:63],
+            ),
+        )
+        if rows is None:
+            return False
+        _restore(cursor, *rows[0][:2])
+        return True
+
+    def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None:
+        cursor.execute("SELECT pg_advisory_unlock(%s)", (advisory_key(request.name, ROW_GATE),))
+
+    def _in_savepoint(self, cursor: Any, sql: str, params: tuple[Any, ...]) -> list[Any] | None:
+        """Run a waiting statement in a savepoint; ``None`` if it timed out or was cancelled.
+
+        The failed statement is rolled back to the savepoint, so the caller's
+        transaction stays usable. Raises ``LockDeadlock`` for a deadlock.
+        """
+        savepoint = transaction.savepoint(using=self.using)
+        try:
+            cursor.execute(sql, params)
+            rows = list(cursor.fetchall())
+        except DatabaseError as exc:
+            transaction.savepoint_rollback(savepoint, using=self.using)
+            state = getattr(exc.__cause__, "sqlstate", None)
+            if state in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+                return None
+            if state == DEADLOCK_DETECTED:
+                raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
+            raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
+        transaction.savepoint_commit(savepoint, using=self.using)
+        return rows
+
+    def _canceller(self) -> Callable[[], None]:
+        driver_connection = connections[self.using].connection
+        return driver_connection.cancel  # type: ignore[no-any-return]
+
+    def _create_rows(self, cursor: Any, key: str, limit: int) -> None:
+        cursor.execute(
+            "INSERT INTO djlocks_row_lock (name_key, slot) "
+            "SELECT %s, generate_series(0, %s - 1) ON CONFLICT DO NOTHING",
+            (key, limit),
+        )
+
+    def _terminate(self, cursor: Any, holder: Any) -> int:
+        cursor.execute(
+            f"SELECT count(*) FILTER (WHERE pg_terminate_backend(h.connection_id::integer, 5000)) "
+            f"{self.LIVE_HOLDERS} AND h.token = %s",
+            (holder.token,),
+        )
+        return int(cursor.fetchone()[0])
+
+    def waiters(self, name: str | None) -> list[WaiterInfo]:
+        gates = {advisory_key(known, ROW_GATE): known for known in self._known_names(name)}
+        names = {table_key(known): known for known in gates.values()}
+        with self.backend.side.get().cursor() as cursor:
+            cursor.execute(
+                f"SELECT r.name_key, NULL, a.application_name, a.query_start, a.pid "
+                f"FROM pg_locks l JOIN djlocks_row_lock r "
+                f"ON r.ctid = ('(' || l.page || ',' || l.tuple || ')')::tid "
+                f"JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.locktype = 'tuple' AND l.relation = 'djlocks_row_lock'::regclass "
+                f"UNION ALL "
+                f"SELECT NULL, {LOCK_KEY}, a.application_name, a.query_start, a.pid "
+                f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 "
+                f"AND {LOCK_KEY} = ANY(%s) ORDER BY 4, 5",
+                (list(gates),),
+            )
+            rows = cursor.fetchall()
+        return queue_order(
+            self.alias,
+            [
+                (names.get(key) if gate is None else gates.get(gate), description, since)
+                for key, gate, description, since, _pid in rows
+            ],
+        )
+
+
+def _lock_timeout(seconds: float | None) -> str:
+    return "0" if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
+def _restore(cursor: Any, old_timeout: str, old_name: str) -> None:
+    cursor.execute(
+        "SELECT set_config('lock_timeout', %s, true), set_config('application_name', %s, true)",
+        (old_timeout, old_name),
+    )
+
+
+def _invisible(request: AcquireRequest) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"{request.name!r}: the row lock's rows were created after this transaction's "
+        f"snapshot (REPEATABLE READ or SERIALIZABLE), so it cannot see them. Take the lock "
+        f"before the transaction's first query, or once in any transaction beforehand."
+    )

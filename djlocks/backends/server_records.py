@@ -1,0 +1,139 @@
+"""Fences and holder identity for locks that the database server itself holds.
+
+The session backends (a session's named lock) and the row backend (a
+transaction's row lock) keep the lock in the server, which knows nothing of
+fences or of who the holder is. Right after the server grants, djlocks writes
+both on its own autocommit connection: the fence counter of the name goes up
+by one and the slot's holder row is overwritten. A fence written there is
+durable and is never handed out again, even if the caller's transaction rolls
+back (G3). Whether a holder row is live is always the server's word, never
+the row's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from djlocks.backends.base import AcquireRequest
+from djlocks.keys import table_key
+
+
+@dataclass(frozen=True)
+class RecordTables:
+    """The fence table and the holder table of one backend family (``djlocks.models``)."""
+
+    fence: str
+    holder: str
+
+
+SESSION_TABLES = RecordTables("djlocks_session_fence", "djlocks_session_holder")
+ROW_TABLES = RecordTables("djlocks_row_fence", "djlocks_row_holder")
+
+HOLDER_COLUMNS = (
+    "name_key, slot, name, slot_limit, token, fence, connection_id, transaction_id, "
+    "acquired_at, host, pid, thread, label"
+)
+_OVERWRITTEN = (
+    "name",
+    "slot_limit",
+    "token",
+    "fence",
+    "connection_id",
+    "transaction_id",
+    "acquired_at",
+    "host",
+    "pid",
+    "thread",
+    "label",
+)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Which server connection holds the grant, and (InnoDB row locks) in which transaction.
+
+    ``transaction_sql`` is an SQL expression (with ``transaction_params``)
+    evaluated by the recording statement, e.g. a sub-query on
+    ``information_schema.INNODB_TRX``; ``"NULL"`` where none is needed.
+    """
+
+    connection_id: int
+    transaction_sql: str = "NULL"
+    transaction_params: Sequence[object] = ()
+
+
+def register_name(cursor: Any, vendor: str, tables: RecordTables, request: AcquireRequest) -> None:
+    """Make sure the name has a fence row (fence 0 if new), with the caller's limit."""
+    params = (table_key(request.name), request.name, request.limit)
+    if vendor == "postgresql":
+        cursor.execute(
+            f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
+            f"VALUES (%s, %s, %s, 0) ON CONFLICT (name_key) "
+            f"DO UPDATE SET slot_limit = EXCLUDED.slot_limit",
+            params,
+        )
+    else:
+        cursor.execute(
+            f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
+            f"VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
+            params,
+        )
+
+
+def record_grant(
+    cursor: Any,
+    vendor: str,
+    tables: RecordTables,
+    request: AcquireRequest,
+    slot: int,
+    token: str,
+    holding: Holding,
+) -> int:
+    """Issue the next fence of ``request.name`` and record the holder of ``slot``; return the fence.
+
+    PostgreSQL: one statement (a CTE feeds the new fence into the holder row).
+    MySQL/MariaDB: two (``LAST_INSERT_ID(expr)`` hands the fence back in the
+    first statement's reply, MySQL manual "Information Functions").
+    """
+    key = table_key(request.name)
+    who = request.identity
+    holder_values = (
+        f"%s, %s, %s, %s, %s, {{fence}}, %s, {holding.transaction_sql}, {{now}}, %s, %s, %s, %s"
+    )
+    holder_params = (
+        *(key, slot, request.name, request.limit, token),
+        holding.connection_id,
+        *holding.transaction_params,
+        *(who.host, who.pid, who.thread, who.label),
+    )
+    if vendor == "postgresql":
+        overwrite = ", ".join(f"{column} = EXCLUDED.{column}" for column in _OVERWRITTEN)
+        values = holder_values.format(fence="issued.fence", now="statement_timestamp()")
+        cursor.execute(
+            f"WITH issued AS ("
+            f" INSERT INTO {tables.fence} (name_key, name, slot_limit, fence)"
+            f" VALUES (%s, %s, %s, 1) ON CONFLICT (name_key) DO UPDATE"
+            f" SET fence = {tables.fence}.fence + 1, slot_limit = EXCLUDED.slot_limit"
+            f" RETURNING fence) "
+            f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) SELECT {values} FROM issued "
+            f"ON CONFLICT (name_key, slot) DO UPDATE SET {overwrite} RETURNING fence",
+            (key, request.name, request.limit, *holder_params),
+        )
+        return int(cursor.fetchone()[0])
+    cursor.execute(
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
+        f"VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
+        f"fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit)",
+        (key, request.name, request.limit),
+    )
+    fence = int(cursor.lastrowid)
+    overwrite = ", ".join(f"{column} = VALUES({column})" for column in _OVERWRITTEN)
+    values = holder_values.format(fence="%s", now="UTC_TIMESTAMP(6)")
+    cursor.execute(
+        f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) VALUES ({values}) "
+        f"ON DUPLICATE KEY UPDATE {overwrite}",
+        (*holder_params[:5], fence, *holder_params[5:]),
+    )
+    return fence

@@ -1,0 +1,364 @@
+"""The row backend (SELECT ... FOR UPDATE in the caller's transaction) against the real
+server: the contract, RELIABILITY.md items 1-5, 11, 19, 20, 23 and 25 on PostgreSQL
+and MariaDB, and item 26's shape (the write lock) on SQLite."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Iterator
+from urllib.parse import urlencode
+
+import pytest
+from django.db import connection, transaction
+from django.test import Client
+from django.urls import reverse
+
+from djlocks import Lock, LockLost, NotAcquired, Semaphore
+from djlocks.backends import backends
+from djlocks.backends.base import Abort
+from djlocks.exceptions import LockDeadlock, NotHeld
+from djlocks.inspection import force_release
+from djlocks.models import LockEvent
+from djlocks.stress import StressPlan, run_stress
+from project.demo.models import FencedCounter
+from tests.processes import finished, runlocked
+from tests.workers import CONTEXT, hold_then_report, read_modify_write, start_worker, try_once
+
+pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
+ROW = "row"
+SQLITE = connection.vendor == "sqlite"
+servers_only = pytest.mark.skipif(
+    SQLITE, reason="not applicable: SQLite has one write lock, no row locks (item 26 instead)"
+)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_in_the_server(store: None) -> Iterator[None]:
+    yield
+    assert backends[ROW].holders() == [], "a row lock was left"
+    assert backends[ROW].waiters() == [], "a waiter was left in the server"
+
+
+def lock(name: str = "r:job", **options: object) -> Lock:
+    return Lock(name, backend=ROW, ttl=3, **options)  # type: ignore[arg-type]
+
+
+def in_other_thread(attempt: object) -> object:
+    """Run ``attempt()`` in a new thread (its own connection and transaction).
+
+    Returns its result, or raises what it raised.
+    """
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(attempt())  # type: ignore[operator]
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join(60)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def try_elsewhere(name: str = "r:job") -> bool:
+    def attempt() -> bool:
+        other = lock(name)
+        if other.acquire(timeout=0):
+            other.release()
+            return True
+        return False
+
+    return bool(in_other_thread(attempt))
+
+
+# -- the contract --------------------------------------------------------------
+
+
+@servers_only
+def test_the_row_stays_locked_until_the_callers_transaction_commits() -> None:
+    with transaction.atomic():
+        with lock() as grant:
+            assert grant.expires_at is None
+            assert not try_elsewhere(), "held inside the with block"
+        assert not try_elsewhere(), "the with block ended, the transaction did not (G11)"
+        assert backends[ROW].holders("r:job")[0].fence == grant.fence
+    assert try_elsewhere(), "free once the transaction committed"
+
+
+def test_outside_a_transaction_the_with_block_is_the_transaction() -> None:
+    FencedCounter.objects.create(name="rolled back", value=0)
+    with pytest.raises(RuntimeError), lock():
+        assert connection.in_atomic_block
+        FencedCounter.objects.filter(name="rolled back").update(value=5)
+        raise RuntimeError("the block fails")
+    assert not connection.in_atomic_block
+    assert FencedCounter.objects.get(name="rolled back").value == 0, "rolled back with the block"
+    with lock():
+        FencedCounter.objects.filter(name="rolled back").update(value=7)
+    assert FencedCounter.objects.get(name="rolled back").value == 7, "committed at the end"
+    assert try_elsewhere()
+
+
+def test_a_second_handle_waits_and_times_out_leaving_the_transaction_usable() -> None:
+    with lock():
+
+        def bounded_wait() -> tuple[bool, float, int]:
+            with transaction.atomic():
+                began = time.monotonic()
+                got = lock().acquire(timeout=0.3)
+                waited = time.monotonic() - began
+                usable = FencedCounter.objects.count()  # the transaction still works
+            return got, waited, usable
+
+        got, waited, usable = in_other_thread(bounded_wait)  # type: ignore[misc]
+        assert got is False and usable == 0
+        assert 0.25 <= waited < 2.5, waited  # MySQL counts lock waits in whole seconds
+        with pytest.raises(NotAcquired):
+            in_other_thread(lambda: lock(timeout=0).__enter__())
+
+
+def test_fences_rise_and_a_rolled_back_grant_never_gets_its_fence_again() -> None:
+    fences = []
+    for attempt in range(3):
+        try:
+            with transaction.atomic(), lock() as grant:
+                fences.append(grant.fence)
+                if attempt == 1:
+                    raise ValueError("roll this transaction back")
+        except ValueError:
+            pass
+    if SQLITE:  # the fence is written in the transaction itself (see row_sqlite)
+        assert fences[2] == fences[1] > fences[0]
+    else:
+        assert fences == sorted(fences) and len(set(fences)) == 3
+
+
+@servers_only
+def test_a_semaphore_gives_its_slots_and_no_more() -> None:
+    with transaction.atomic():
+        slots = [Semaphore("r:pool", limit=3, backend=ROW) for _ in range(3)]
+        grants = [slot.acquire_grant() for slot in slots]
+        assert sorted(grant.slot for grant in grants if grant) == [0, 1, 2]
+        assert not in_other_thread(
+            lambda: Semaphore("r:pool", limit=3, backend=ROW).acquire(timeout=0.2)
+        )
+        assert len(backends[ROW].holders("r:pool")) == 3
+        for slot in slots:
+            slot.release()
+
+
+@pytest.mark.skipif(not SQLITE, reason="SQLite only: the other databases have row locks")
+def test_on_sqlite_a_semaphore_is_refused_and_the_lock_is_the_write_lock() -> None:
+    with pytest.raises(ValueError, match="one write lock"):
+        Semaphore("r:pool", limit=2, backend=ROW).acquire()
+    with lock("r:one"):
+        assert not try_elsewhere("r:another"), "any name: the database has one writer"
+    assert backends[ROW].holders() == []  # documented: invisible on SQLite
+
+
+def test_bad_uses_get_clear_errors() -> None:
+    with pytest.raises(ValueError, match="cool-down needs a lease backend"):
+        lock(cooldown=5).acquire()
+    with pytest.raises(TypeError, match="async code"):
+        asyncio.run(lock().__aenter__())
+    grant = lock().acquire_grant()
+    assert grant is not None
+    with pytest.raises(NotHeld, match="thread that acquired it"):
+        in_other_thread(grant.release)
+    grant.release()
+
+
+# -- RELIABILITY.md catalogue --------------------------------------------------
+
+
+def test_1_exact_counter_under_contention_8_processes() -> None:
+    result = run_stress(StressPlan(ROW, processes=8, iterations=100), timeout=180)
+    assert result.errors == []
+    assert (result.counter, result.overlaps, result.max_concurrent) == (800, 0, 1)
+    assert result.ok
+    if not SQLITE:
+        assert result.fences_increase
+
+
+@servers_only
+def test_2_semaphore_never_exceeds_limit_and_reaches_it() -> None:
+    plan = StressPlan(ROW, processes=12, iterations=12, limit=3, hold_ms=30, name="r:t2")
+    result = run_stress(plan, timeout=180)
+    assert result.errors == [] and result.ok, result
+    assert result.max_concurrent == 3
+
+
+def test_3_try_lock_burst_has_exactly_one_winner() -> None:
+    barrier = CONTEXT.Barrier(20)
+    report = CONTEXT.Queue()
+    workers = [start_worker(try_once, "r:t3", barrier, report, 1.0, ROW) for _ in range(20)]
+    outcomes = sorted(report.get(timeout=60)[0] for _ in workers)
+    for worker in workers:
+        worker.join(30)
+    assert outcomes.count("won") == 1 and outcomes.count("lost") == 19, outcomes
+
+
+@servers_only
+def test_4_and_25_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client) -> None:
+    report = CONTEXT.Queue()
+    with lock("r:seen", label="nightly import") as grant:
+        waiters = []
+        for position in range(2):
+            waiters.append(start_worker(hold_then_report, "r:seen", 30, report, 0.05, ROW))
+            deadline = time.monotonic() + 30
+            while len(backends[ROW].waiters("r:seen")) <= position:
+                assert time.monotonic() < deadline, "a waiter never showed in the server"
+                time.sleep(0.05)
+        (holder,) = backends[ROW].holders("r:seen")
+        assert (holder.label, holder.fence, holder.slot) == ("nightly import", grant.fence, 0)
+        assert holder.connection_id and holder.since
+        queue = backends[ROW].waiters("r:seen")
+        assert [waiter.pid for waiter in queue] == [worker.pid for worker in waiters]
+        query = urlencode({"backend": ROW, "name": "r:seen"})
+        page = admin_client.get(reverse("admin:djlocks_name") + "?" + query).content.decode()
+        assert "nightly import" in page and str(holder.connection_id) in page
+        assert all(str(worker.pid) in page for worker in waiters)
+    fences = [report.get(timeout=30) for _ in range(4)]
+    held = [fence for event, _pid, fence in fences if event == "held"]
+    assert held == sorted(held) and min(held) > grant.fence
+    if connection.vendor == "postgresql":  # row lock queues are FIFO there
+        assert [pid for event, pid, _ in fences if event == "held"] == [w.pid for w in waiters]
+    for worker in waiters:
+        worker.join(20)
+
+
+def test_5_a_killed_holder_frees_the_name_within_a_second() -> None:
+    report = CONTEXT.Queue()
+    holder = start_worker(hold_then_report, "r:crash", 3, report, 60, ROW)
+    assert report.get(timeout=30)[0] == "held"
+    holder.kill()
+    holder.join(10)
+    began = time.monotonic()
+    with lock("r:crash", timeout=5):
+        assert time.monotonic() - began < 1
+
+
+@servers_only
+def test_11_cancelled_acquires_leave_nothing_behind() -> None:
+    with lock("r:cancel"):
+
+        def cancelled_wait(delay: float) -> object:
+            abort = Abort()
+            threading.Timer(delay, abort.set).start()
+            return lock("r:cancel").acquire_grant(abort=abort)
+
+        for _ in range(20):
+            assert in_other_thread(lambda: cancelled_wait(random.uniform(0, 0.05))) is None
+        assert backends[ROW].waiters("r:cancel") == []
+        assert len(backends[ROW].holders("r:cancel")) == 1
+    began = time.monotonic()
+    assert try_elsewhere("r:cancel")
+    assert time.monotonic() - began < 1
+
+
+@servers_only
+def test_19_the_lock_covers_the_commit_and_the_negative_control_loses_updates() -> None:
+    for counter, lock_name in (("unlocked", None), ("locked", "r:counter")):
+        FencedCounter.objects.create(name=counter, value=0)
+        report = CONTEXT.Queue()
+        workers = [
+            start_worker(read_modify_write, counter, 50, lock_name, report) for _ in range(4)
+        ]
+        for _ in workers:
+            assert report.get(timeout=120)[0] == "done"
+        for worker in workers:
+            worker.join(20)
+    assert FencedCounter.objects.get(name="locked").value == 200
+    assert FencedCounter.objects.get(name="unlocked").value < 200, "the control must lose"
+
+
+@servers_only
+def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
+    both_hold_one = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def take(first: str, second: str) -> None:
+        try:
+            with transaction.atomic(), lock(first):
+                both_hold_one.wait(10)
+                with lock(second):
+                    outcomes.append("proceeded")
+        except LockDeadlock:
+            outcomes.append("victim")
+        finally:
+            connection.close()
+
+    pairs = (("r:a", "r:b"), ("r:b", "r:a"))
+    threads = [threading.Thread(target=take, args=pair) for pair in pairs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(outcomes) == ["proceeded", "victim"]
+
+
+@servers_only
+def test_23_forced_release_ends_exactly_the_holders_transaction() -> None:
+    def holder(name: str, hold: threading.Event, outcome: list[object]) -> None:
+        try:
+            with lock(name) as grant:
+                outcome.append(grant)
+                hold.wait(30)
+                with pytest.raises(LockLost):
+                    grant.check()
+            outcome.append("committed")
+        except LockLost:
+            outcome.append("lost")
+        finally:
+            connection.close()
+
+    hold_a, hold_b = threading.Event(), threading.Event()
+    outcome_a: list[object] = []
+    outcome_b: list[object] = []
+    threads = [
+        threading.Thread(target=holder, args=("r:a", hold_a, outcome_a)),
+        threading.Thread(target=lambda: _hold_plainly("r:b", hold_b, outcome_b)),
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 20
+    while len(backends[ROW].holders()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    released = force_release(backends[ROW].holders("r:a"), reason="stuck", operator="ops")
+    assert len(released) == 1
+    assert try_elsewhere("r:a"), "free at once"
+    hold_a.set()
+    hold_b.set()
+    for thread in threads:
+        thread.join(30)
+    assert outcome_a[1:] == ["lost"], "the holder's commit failed: LockLost"
+    assert outcome_b[1:] == ["committed"], "another holder is untouched"
+    assert LockEvent.objects.filter(name="r:a", kind="forced_release", operator="ops").exists()
+
+
+def _hold_plainly(name: str, hold: threading.Event, outcome: list[object]) -> None:
+    try:
+        with lock(name) as grant:
+            outcome.append(grant)
+            hold.wait(30)
+        outcome.append("committed")
+    finally:
+        connection.close()
+
+
+def test_runlocked_on_row_locks() -> None:
+    with lock("r:cron"):
+        conflict = runlocked("r:cron", "--backend", ROW, "--timeout", "0", "--", "true")
+        assert finished(conflict) == 75
+    ran = runlocked("r:cron", "--backend", ROW, "--", "sh", "-c", "exit 3")
+    assert finished(ran) == 3
