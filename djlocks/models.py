@@ -94,8 +94,7 @@ class ServerHolder(models.Model):
 
     Whether the grant is live is the server's truth (``IS_USED_LOCK``,
     ``pg_locks``, InnoDB's transactions); a row counts only while its
-    ``connection_id`` (and, for row locks on MySQL/MariaDB, its
-    ``transaction_id``) still holds the slot there. It adds the identity the
+    ``connection_id`` still holds the slot there. It adds the identity the
     server does not know.
     """
 
@@ -106,7 +105,6 @@ class ServerHolder(models.Model):
     token = models.CharField(max_length=32, unique=True)
     fence = models.BigIntegerField()
     connection_id = models.BigIntegerField()
-    transaction_id = models.BigIntegerField(null=True, blank=True)
     acquired_at = models.DateTimeField()
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField()

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError
 
 from djlocks.backends.base import AcquireRequest, WaiterInfo
-from djlocks.backends.server_records import SESSION_TABLES, Holding, record_grant, register_name
+from djlocks.backends.server_records import SESSION_TABLES, record_grant, register_name
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import LockDeadlock
@@ -82,9 +82,10 @@ class GetLockBackend(SessionBackend):
             register_name(cursor, self.vendor, SESSION_TABLES, request)
 
     def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        holding = Holding(session.connection_id)
         with session.cursor() as cursor:
-            return record_grant(cursor, self.vendor, SESSION_TABLES, request, slot, token, holding)
+            return record_grant(
+                cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
+            )
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if (

@@ -16,12 +16,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.utils import timezone
 
 from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
-from djlocks.backends.server_records import ROW_TABLES, Holding, record_grant, register_name
+from djlocks.backends.server_records import ROW_TABLES, record_grant, register_name
 from djlocks.keys import table_key
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class Claim:
     """
 
     slot: int
-    holding: Holding
+    connection_id: int
     fence: int | None = None
 
 
@@ -195,14 +197,21 @@ class ServerRowDialect(RowDialect):
                 return
         with self.backend.side.get().cursor() as cursor:
             register_name(cursor, self.vendor, ROW_TABLES, request)
-            self._create_rows(cursor, key, request.limit)
+            # Inserting a row that exists would wait for its holder on InnoDB
+            # (the duplicate check locks it), so look first without locking.
+            cursor.execute(
+                "SELECT count(*) FROM djlocks_row_lock WHERE name_key = %s AND slot < %s",
+                (key, request.limit),
+            )
+            if cursor.fetchone()[0] < request.limit:
+                self._create_rows(cursor, key, request.limit)
         with self._created_guard:
             self._created.add((key, request.limit))
 
     def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
         with self.backend.side.get().cursor() as cursor:
             return record_grant(
-                cursor, self.vendor, ROW_TABLES, request, claim.slot, token, claim.holding
+                cursor, self.vendor, ROW_TABLES, request, claim.slot, token, claim.connection_id
             )
 
     # -- introspection and forced release ----------------------------------
@@ -237,7 +246,7 @@ class ServerRowDialect(RowDialect):
             pid=pid,
             thread=thread,
             label=label,
-            since=since,
+            since=since if timezone.is_aware(since) else timezone.make_aware(since, UTC),
             expires_at=None,
             fence=fence,
             token=token,

@@ -8,10 +8,14 @@
   reports. A deadlock (1213) rolls the caller's whole transaction back:
   djlocks raises ``LockDeadlock`` and marks the ``atomic`` block for rollback.
 * InnoDB keeps row locks until the transaction ends, even past
-  ``ROLLBACK TO SAVEPOINT``; only locks of rows that someone waits for are
-  visible in ``information_schema``. A holder row therefore records the
-  holder's InnoDB transaction id (``INNODB_TRX``, which needs the ``PROCESS``
-  privilege), and counts while that transaction runs on that connection.
+  ``ROLLBACK TO SAVEPOINT``, and shows only the locks someone waits for. A
+  holder row counts while its connection is in the process list and has an
+  InnoDB transaction (``INNODB_TRX``) that began no later than the grant.
+  Both need the ``PROCESS`` privilege. ``INNODB_TRX`` is a cache that the
+  server refreshes at most every 0.1 s, so a grant younger than 1 s counts
+  on its connection alone; ``trx_started`` has whole seconds, so a holder
+  that committed and began another transaction on the same connection
+  within the second of its grant still shows until that second ends.
 * Waiters: the waiting statements in the process list (their comment names
   the waiter); a semaphore's waiters wait in ``GET_LOCK`` on its gate.
 * Forced release: ``KILL CONNECTION`` of the holder after the server confirms
@@ -32,24 +36,22 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL
 from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
-from djlocks.backends.server_records import Holding
 from djlocks.backends.session import describe, queue_order
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import mysql_key, table_key
 
 LOCK_WAIT_TIMEOUT, LOCK_DEADLOCK, QUERY_INTERRUPTED = 1205, 1213, 1317
 WAITING_ROW = re.compile(r"name_key = '([0-9a-f]{64})'")
-#: The caller's InnoDB transaction, read by djlocks' connection while recording the holder.
-CALLER_TRANSACTION = (
-    "(SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s)"
-)
 
 
 class MySQLRows(ServerRowDialect):
     vendor = "mysql"
     LIVE_HOLDERS = (
-        "FROM djlocks_row_holder h JOIN information_schema.INNODB_TRX t "
-        "ON t.trx_id = h.transaction_id AND t.trx_mysql_thread_id = h.connection_id WHERE TRUE"
+        "FROM djlocks_row_holder h JOIN information_schema.PROCESSLIST p "
+        "ON p.ID = h.connection_id WHERE (h.acquired_at > UTC_TIMESTAMP(6) - INTERVAL 1 SECOND "
+        "OR EXISTS (SELECT 1 FROM information_schema.INNODB_TRX t "
+        "WHERE t.trx_mysql_thread_id = h.connection_id "
+        "AND t.trx_started <= CONVERT_TZ(h.acquired_at, '+00:00', @@session.time_zone)))"
     )
 
     def _try_slots(
@@ -61,7 +63,7 @@ class MySQLRows(ServerRowDialect):
             (table_key(request.name), request.limit),
         )
         row = cursor.fetchone()
-        return None if row is None else _claim(*row)
+        return None if row is None else Claim(*row)
 
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
@@ -80,18 +82,23 @@ class MySQLRows(ServerRowDialect):
             )
             row = cursor.fetchone()
         except DatabaseError as exc:
-            code = exc.args[0] if exc.args else None
-            if code in (LOCK_WAIT_TIMEOUT, QUERY_INTERRUPTED):
-                return None
-            if code == LOCK_DEADLOCK:
-                transaction.set_rollback(True, using=self.using)
-                raise LockDeadlock(
-                    f"MariaDB/MySQL detected a deadlock and rolled the transaction back: {exc}"
-                ) from exc
-            raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
-        finally:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = @djlocks_wait")
-        return None if row is None else _claim(*row)
+            self._failed_wait(exc)
+            return None
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = @djlocks_wait")
+        return None if row is None else Claim(*row)
+
+    def _failed_wait(self, exc: DatabaseError) -> None:
+        """Return quietly for a time-out or a cancel; raise for anything else."""
+        code = exc.args[0] if exc.args else None
+        if code in (LOCK_WAIT_TIMEOUT, QUERY_INTERRUPTED):
+            return
+        if code == LOCK_DEADLOCK:
+            transaction.set_rollback(True, using=self.using)
+            raise LockDeadlock(
+                f"MariaDB/MySQL detected a deadlock and rolled the transaction back: {exc}"
+            ) from exc
+        raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
         cursor.execute(
@@ -148,7 +155,7 @@ class MySQLRows(ServerRowDialect):
             cursor.execute(
                 "SELECT TIME_MS, INFO FROM information_schema.PROCESSLIST "
                 "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
-                ("/* djlocks %",),
+                ("%/* djlocks %",),
             )
             rows = cursor.fetchall()
         waiting: list[tuple[str | None, str, datetime]] = []
@@ -158,10 +165,6 @@ class MySQLRows(ServerRowDialect):
                 since = now - timedelta(milliseconds=float(elapsed_ms))
                 waiting.append((_waited_name(query, names, gates), comment.group(1), since))
         return queue_order(self.alias, waiting)
-
-
-def _claim(slot: int, connection_id: int) -> Claim:
-    return Claim(slot, Holding(connection_id, CALLER_TRANSACTION, (connection_id,)))
 
 
 def _waited_name(query: str, names: dict[str, str], gates: dict[str, str]) -> str | None:

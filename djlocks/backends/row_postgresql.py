@@ -30,7 +30,6 @@ from django.db import DatabaseError, connections, transaction
 from djlocks.backends.base import AcquireRequest, WaiterInfo
 from djlocks.backends.postgresql import DEADLOCK_DETECTED, LOCK_KEY, LOCK_NOT_AVAILABLE
 from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
-from djlocks.backends.server_records import Holding
 from djlocks.backends.session import describe, queue_order
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import advisory_key, table_key
@@ -62,7 +61,7 @@ class PostgreSQLRows(ServerRowDialect):
             (table_key(request.name), request.limit),
         )
         row = cursor.fetchone()
-        return None if row is None else Claim(row[0], Holding(row[1]))
+        return None if row is None else Claim(row[0], row[1])
 
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
@@ -80,7 +79,7 @@ class PostgreSQLRows(ServerRowDialect):
             raise _invisible(request)
         slot, pid, old_timeout, old_name = rows[0]
         _restore(cursor, old_timeout, old_name)
-        return Claim(slot, Holding(pid))
+        return Claim(slot, pid)
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
         cursor.execute(

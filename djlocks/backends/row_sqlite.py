@@ -35,7 +35,6 @@ from django.db import OperationalError, connections
 
 from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
 from djlocks.backends.row_dialect import Claim, RowDialect, cancellable
-from djlocks.backends.server_records import Holding
 from djlocks.exceptions import BackendUnavailable
 from djlocks.keys import table_key
 
@@ -73,7 +72,7 @@ class SQLiteRows(RowDialect):
                 try:
                     if own is not None:
                         own.begin()
-                    return Claim(0, Holding(0), self._issue_fence(request))
+                    return Claim(0, 0, self._issue_fence(request))
                 except OperationalError as exc:
                     if own is not None:
                         own.__exit__(type(exc), exc, exc.__traceback__)  # rolls back

@@ -12,7 +12,6 @@ the row's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +31,8 @@ SESSION_TABLES = RecordTables("djlocks_session_fence", "djlocks_session_holder")
 ROW_TABLES = RecordTables("djlocks_row_fence", "djlocks_row_holder")
 
 HOLDER_COLUMNS = (
-    "name_key, slot, name, slot_limit, token, fence, connection_id, transaction_id, "
-    "acquired_at, host, pid, thread, label"
+    "name_key, slot, name, slot_limit, token, fence, connection_id, acquired_at, "
+    "host, pid, thread, label"
 )
 _OVERWRITTEN = (
     "name",
@@ -41,27 +40,12 @@ _OVERWRITTEN = (
     "token",
     "fence",
     "connection_id",
-    "transaction_id",
     "acquired_at",
     "host",
     "pid",
     "thread",
     "label",
 )
-
-
-@dataclass(frozen=True)
-class Holding:
-    """Which server connection holds the grant, and (InnoDB row locks) in which transaction.
-
-    ``transaction_sql`` is an SQL expression (with ``transaction_params``)
-    evaluated by the recording statement, e.g. a sub-query on
-    ``information_schema.INNODB_TRX``; ``"NULL"`` where none is needed.
-    """
-
-    connection_id: int
-    transaction_sql: str = "NULL"
-    transaction_params: Sequence[object] = ()
 
 
 def register_name(cursor: Any, vendor: str, tables: RecordTables, request: AcquireRequest) -> None:
@@ -89,9 +73,11 @@ def record_grant(
     request: AcquireRequest,
     slot: int,
     token: str,
-    holding: Holding,
+    connection_id: int,
 ) -> int:
     """Issue the next fence of ``request.name`` and record the holder of ``slot``; return the fence.
+
+    ``connection_id`` is the server connection that holds the lock.
 
     PostgreSQL: one statement (a CTE feeds the new fence into the holder row).
     MySQL/MariaDB: two (``LAST_INSERT_ID(expr)`` hands the fence back in the
@@ -99,13 +85,10 @@ def record_grant(
     """
     key = table_key(request.name)
     who = request.identity
-    holder_values = (
-        f"%s, %s, %s, %s, %s, {{fence}}, %s, {holding.transaction_sql}, {{now}}, %s, %s, %s, %s"
-    )
+    holder_values = "%s, %s, %s, %s, %s, {fence}, %s, {now}, %s, %s, %s, %s"
     holder_params = (
         *(key, slot, request.name, request.limit, token),
-        holding.connection_id,
-        *holding.transaction_params,
+        connection_id,
         *(who.host, who.pid, who.thread, who.label),
     )
     if vendor == "postgresql":
