@@ -3,6 +3,7 @@ and a lease backend that other processes could not see."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from django.core import checks
@@ -100,16 +101,7 @@ def check_session_databases(app_configs: Any = None, **kwargs: Any) -> list[Chec
     from djlocks.backends.session import SessionBackend
 
     messages: list[CheckMessage] = []
-    for alias, spec in djlocks_settings()["BACKENDS"].items():
-        try:
-            backend_class = import_string(spec["BACKEND"])
-        except (ImportError, KeyError, TypeError):
-            continue  # reported by check_settings
-        if not (isinstance(backend_class, type) and issubclass(backend_class, SessionBackend)):
-            continue
-        using = spec.get("OPTIONS", {}).get("using", "default")
-        if using not in connections:
-            continue
+    for alias, backend_class, using in _configured(SessionBackend):
         connection = connections[using]
         if connection.vendor != backend_class.vendor:
             messages.append(
@@ -152,3 +144,56 @@ def _mysql_server_warnings(alias: str, using: str) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+@register(Tags.database)
+def check_row_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """W002 the row backend on SQLite; W003 innodb_rollback_on_timeout under row locks."""
+    from djlocks.backends.row import RowLockBackend
+
+    messages: list[CheckMessage] = []
+    for alias, _backend_class, using in _configured(RowLockBackend):
+        vendor = connections[using].vendor
+        if vendor == "sqlite":
+            messages.append(
+                checks.Warning(
+                    f"djlocks backend {alias!r} takes row locks on SQLite, which has none: "
+                    f"each lock is the database's one write lock (one holder at a time, "
+                    f"whatever the name), semaphores are refused, and holders, waiters and "
+                    f"history are not visible.",
+                    hint="Use the lease backend on SQLite, or a server database for row locks.",
+                    id="djlocks.W002",
+                )
+            )
+        elif vendor == "mysql":
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT @@GLOBAL.innodb_rollback_on_timeout")
+                rolls_back = bool(int(cursor.fetchone()[0]))
+            if rolls_back:
+                messages.append(
+                    checks.Warning(
+                        f"djlocks backend {alias!r}: innodb_rollback_on_timeout is ON, so a "
+                        f"row lock that times out rolls the caller's whole transaction back.",
+                        hint="Turn innodb_rollback_on_timeout off (the default).",
+                        id="djlocks.W003",
+                    )
+                )
+    return messages
+
+
+def _configured(base: type) -> Iterator[tuple[str, Any, str]]:
+    """(alias, backend class, database alias) of each configured backend of class ``base``.
+
+    Backends that cannot be imported are left to ``check_settings``; an
+    unknown database alias to Django's own checks.
+    """
+    for alias, spec in djlocks_settings()["BACKENDS"].items():
+        try:
+            backend_class = import_string(spec["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue
+        if not (isinstance(backend_class, type) and issubclass(backend_class, base)):
+            continue
+        using = spec.get("OPTIONS", {}).get("using", "default")
+        if using in connections:
+            yield alias, backend_class, using

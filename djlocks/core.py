@@ -171,7 +171,8 @@ class Lock:
             acquire_log.debug("not acquired %s within %s s", self.name, wait)
             cancelled = abort is not None and abort.is_set()
             waited = time.monotonic() - started
-            events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
+            if backend.records_history:
+                events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
         grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
         if self.renew:

@@ -61,6 +61,8 @@ class EventLog:
 
     def grant_ended(self, grant: Grant, kind: str, reason: str = "") -> None:
         """The grant was released (``released``) or found lost (``lost``): two events."""
+        if not grant.backend.records_history:
+            return
         ended_at = timezone.now()
         common = _about_grant(grant)
         self.record(

@@ -112,6 +112,9 @@ DJLOCKS: dict[str, Any] = {
     },
     "TTL": 60,
 }
+if DB_VENDOR == "sqlite":
+    # The row alias on SQLite is deliberate here: the tests of its write-lock form.
+    SILENCED_SYSTEM_CHECKS = ["djlocks.W002"]
 SESSION_BACKENDS = {
     "mysql": "djlocks.backends.mysql.GetLockBackend",
     "postgresql": "djlocks.backends.postgresql.AdvisoryLockBackend",

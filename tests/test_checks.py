@@ -9,7 +9,7 @@ def _ids() -> set[str]:
     return {
         message.id
         for message in checks.run_checks(include_deployment_checks=False, databases=["default"])
-        if message.id
+        if message.id and not message.is_silenced()
     }
 
 
@@ -59,3 +59,13 @@ def test_a_session_backend_on_the_wrong_database_is_an_error() -> None:
         DJLOCKS={"BACKENDS": {"default": {"BACKEND": wrong, "OPTIONS": {"using": "default"}}}}
     ):
         assert "djlocks.E006" in _ids()
+
+
+@pytest.mark.django_db
+def test_the_row_backend_on_sqlite_is_warned_about() -> None:
+    from django.db import connection
+
+    from djlocks.checks import check_row_databases
+
+    ids = {message.id for message in check_row_databases()}
+    assert ids == ({"djlocks.W002"} if connection.vendor == "sqlite" else set())

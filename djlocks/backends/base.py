@@ -132,6 +132,8 @@ class LockBackend(ABC):
 
     #: What a forced release does to the holder, for the admin's confirmation page.
     forced_release_effect = "its grant is taken away"
+    #: False where djlocks cannot write the history of this store's grants.
+    records_history = True
     #: True where a grant lives in the acquiring thread's database transaction
     #: (the row backend): it is released in that thread, never from async code.
     in_caller_transaction = False

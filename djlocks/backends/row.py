@@ -83,6 +83,14 @@ class RowLockBackend(LockBackend):
         self._held: dict[str, _Held] = {}  # live grants of this process, by token
         self._guard = threading.Lock()
 
+    @property
+    def records_history(self) -> bool:  # type: ignore[override]
+        """Not on SQLite when the history shares the database: its one writer is the holder."""
+        from djlocks.conf import djlocks_settings
+
+        same_database = djlocks_settings()["EVENTS_DATABASE"] == self.using
+        return not (same_database and connections[self.using].vendor == "sqlite")
+
     @cached_property
     def dialect(self) -> RowDialect:
         vendor = connections[self.using].vendor
