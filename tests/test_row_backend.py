@@ -9,7 +9,8 @@ import contextlib
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 from urllib.parse import urlencode
 
 import pytest
@@ -30,6 +31,7 @@ from tests.workers import CONTEXT, hold_then_report, read_modify_write, start_wo
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 ROW = "row"
+T = TypeVar("T")
 SQLITE = connection.vendor == "sqlite"
 servers_only = pytest.mark.skipif(
     SQLITE, reason="not applicable: SQLite has one write lock, no row locks (item 26 instead)"
@@ -52,26 +54,27 @@ def lock(name: str = "r:job", **options: object) -> Lock:
     return Lock(name, backend=ROW, ttl=3, **options)  # type: ignore[arg-type]
 
 
-def in_other_thread(attempt: object) -> object:
+def in_other_thread(attempt: Callable[[], T]) -> T:
     """Run ``attempt()`` in a new thread (its own connection and transaction).
 
     Returns its result, or raises what it raised.
     """
-    outcome: list[object] = []
+    outcome: list[T] = []
+    failure: list[BaseException] = []
 
     def run() -> None:
         try:
-            outcome.append(attempt())  # type: ignore[operator]
+            outcome.append(attempt())
         except BaseException as exc:
-            outcome.append(exc)
+            failure.append(exc)
         finally:
             connection.close()
 
     worker = threading.Thread(target=run)
     worker.start()
     worker.join(60)
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
+    if failure:
+        raise failure[0]
     return outcome[0]
 
 
@@ -83,7 +86,7 @@ def try_elsewhere(name: str = "r:job") -> bool:
             return True
         return False
 
-    return bool(in_other_thread(attempt))
+    return in_other_thread(attempt)
 
 
 # -- the contract --------------------------------------------------------------
@@ -127,7 +130,7 @@ def test_a_second_handle_waits_and_times_out_leaving_the_transaction_usable() ->
                 usable = FencedCounter.objects.count()  # the transaction still works
             return got, waited, usable
 
-        got, waited, usable = in_other_thread(bounded_wait)  # type: ignore[misc]
+        got, waited, usable = in_other_thread(bounded_wait)
         assert got is False and usable == 0
         assert 0.25 <= waited < 2.5, waited  # MySQL counts lock waits in whole seconds
         with pytest.raises(NotAcquired):

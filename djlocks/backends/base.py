@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from djlocks.identity import Identity
+
+T = TypeVar("T")
 
 
 class Abort(threading.Event):
@@ -52,6 +54,28 @@ class Abort(threading.Event):
 def seconds_left(deadline: float | None) -> float | None:
     """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative; ``None`` stays."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+POLL_MIN = 0.001  # seconds; a queue's head polls from here ...
+POLL_MAX = 0.004  # ... backing off to here
+
+
+def poll_with_backoff(
+    attempt: Callable[[], T | None], deadline: float | None, abort: Abort | None = None
+) -> T | None:
+    """Call ``attempt`` until it returns a value, sleeping ``POLL_MIN`` to ``POLL_MAX`` between.
+
+    Only the head of a queue polls this way (the others wait in the server).
+    Returns ``None`` when ``deadline`` passes or ``abort`` is set first.
+    """
+    pause = POLL_MIN
+    while (outcome := attempt()) is None:
+        left = seconds_left(deadline)
+        if left == 0 or (abort is not None and abort.is_set()):
+            return None
+        time.sleep(pause if left is None else min(pause, left))
+        pause = min(pause * 1.5, POLL_MAX)
+    return outcome
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import DatabaseError
 
-from djlocks.backends.base import AcquireRequest, WaiterInfo
-from djlocks.backends.server_records import SESSION_TABLES, record_grant, register_name
+from djlocks.backends.base import WaiterInfo
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import LockDeadlock
@@ -76,16 +75,6 @@ class GetLockBackend(SessionBackend):
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)
-
-    def _register(self, session: Session, request: AcquireRequest) -> None:
-        with session.cursor() as cursor:
-            register_name(cursor, self.vendor, SESSION_TABLES, request)
-
-    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        with session.cursor() as cursor:
-            return record_grant(
-                cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
-            )
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if (

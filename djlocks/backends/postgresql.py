@@ -22,8 +22,7 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError
 
-from djlocks.backends.base import AcquireRequest, WaiterInfo
-from djlocks.backends.server_records import SESSION_TABLES, record_grant, register_name
+from djlocks.backends.base import WaiterInfo
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import advisory_key
@@ -88,16 +87,6 @@ class AdvisoryLockBackend(SessionBackend):
                 (key,),
             )[0]
         )
-
-    def _register(self, session: Session, request: AcquireRequest) -> None:
-        with session.cursor() as cursor:
-            register_name(cursor, self.vendor, SESSION_TABLES, request)
-
-    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        with session.cursor() as cursor:
-            return record_grant(
-                cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
-            )
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if key is None:

@@ -57,6 +57,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.row_dialect import RowDialect
+from djlocks.backends.server_records import ROW_TABLES, known_names
 from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockLost
 from djlocks.keys import table_key
 
@@ -208,10 +209,7 @@ class RowLockBackend(LockBackend):
         return self.dialect.kill(name, token)
 
     def names(self) -> list[tuple[str, int]]:
-        from djlocks.models import RowFence
-
-        known = RowFence.objects.using(self.using).values_list("name", "limit")
-        return list(known.order_by("name"))
+        return known_names(ROW_TABLES, self.using)
 
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return []  # refused at acquire: a row lock cannot outlive its transaction

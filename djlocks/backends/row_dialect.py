@@ -22,15 +22,20 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.utils import timezone
 
-from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
-from djlocks.backends.server_records import ROW_TABLES, record_grant, register_name
+from djlocks.backends.base import (
+    Abort,
+    AcquireRequest,
+    HolderInfo,
+    WaiterInfo,
+    poll_with_backoff,
+    seconds_left,
+)
+from djlocks.backends.server_records import ROW_TABLES, known_names, record_grant, register_name
 from djlocks.keys import table_key
 
 if TYPE_CHECKING:
     from djlocks.backends.row import OwnTransaction, RowLockBackend
 
-GATE_POLL_MIN = 0.001  # seconds; the gate's holder polls the slots from here ...
-GATE_POLL_MAX = 0.004  # ... backing off to here
 CANCEL_EVERY = 0.05  # seconds between cancels of an aborted wait
 #: The ``djlocks.keys`` slot suffix of a row semaphore's waiters' gate.
 ROW_GATE = "row-gate"
@@ -90,15 +95,12 @@ class RowDialect(ABC):
     def kill(self, name: str, token: str | None) -> int: ...
 
 
-def skip_slots(taken: frozenset[int]) -> str:
-    """SQL that leaves this transaction's own slots out of a ``SKIP LOCKED`` claim."""
-    return "".join(f" AND slot <> {int(slot)}" for slot in sorted(taken))
-
-
 class ServerRowDialect(RowDialect):
     """PostgreSQL and MySQL/MariaDB: see the module docstring."""
 
     vendor: str
+    #: The SQL function giving the server's id of the caller's connection.
+    CONNECTION_ID: str
     #: SQL selecting the live holder rows ``h`` of ``djlocks_row_holder``.
     LIVE_HOLDERS: str
 
@@ -109,7 +111,6 @@ class ServerRowDialect(RowDialect):
 
     # -- what each server does differently ---------------------------------
 
-    @abstractmethod
     def _try_slots(
         self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
     ) -> Claim | None:
@@ -117,6 +118,14 @@ class ServerRowDialect(RowDialect):
 
         Slots in ``taken`` are skipped too (this transaction's own, see ``RowLockBackend``).
         """
+        skipped = "".join(f" AND slot <> {int(slot)}" for slot in sorted(taken))
+        cursor.execute(
+            f"SELECT slot, {self.CONNECTION_ID} FROM djlocks_row_lock WHERE name_key = %s "
+            f"AND slot < %s{skipped} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+            (table_key(request.name), request.limit),
+        )
+        row = cursor.fetchone()
+        return None if row is None else Claim(*row)
 
     @abstractmethod
     def _wait_for_slot(
@@ -178,14 +187,9 @@ class ServerRowDialect(RowDialect):
         if not self._take_gate(cursor, request, seconds_left(deadline)):
             return None
         try:
-            pause = GATE_POLL_MIN
-            while (claim := self._try_slots(cursor, request, taken)) is None:
-                left = seconds_left(deadline)
-                if left == 0 or (abort is not None and abort.is_set()):
-                    return None
-                time.sleep(pause if left is None else min(pause, left))
-                pause = min(pause * 1.5, GATE_POLL_MAX)
-            return claim
+            return poll_with_backoff(
+                lambda: self._try_slots(cursor, request, taken), deadline, abort
+            )
         finally:
             self._give_back_gate(cursor, request)
 
@@ -267,12 +271,7 @@ class ServerRowDialect(RowDialect):
         return killed
 
     def _known_names(self, name: str | None) -> list[str]:
-        from djlocks.models import RowFence
-
-        rows = RowFence.objects.using(self.using)
-        if name is not None:
-            rows = rows.filter(key=table_key(name))
-        return list(rows.values_list("name", flat=True))
+        return [known for known, _limit in known_names(ROW_TABLES, self.using, name)]
 
 
 @contextlib.contextmanager

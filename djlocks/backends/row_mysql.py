@@ -35,7 +35,7 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL
-from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
+from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect
 from djlocks.backends.session import describe, queue_order
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import mysql_key, table_key
@@ -46,6 +46,7 @@ WAITING_ROW = re.compile(r"name_key = '([0-9a-f]{64})'")
 
 class MySQLRows(ServerRowDialect):
     vendor = "mysql"
+    CONNECTION_ID = "CONNECTION_ID()"
     LIVE_HOLDERS = (
         "FROM djlocks_row_holder h JOIN information_schema.PROCESSLIST p "
         "ON p.ID = h.connection_id WHERE (h.acquired_at > UTC_TIMESTAMP(6) - INTERVAL 1 SECOND "
@@ -53,17 +54,6 @@ class MySQLRows(ServerRowDialect):
         "WHERE t.trx_mysql_thread_id = h.connection_id "
         "AND t.trx_started <= CONVERT_TZ(h.acquired_at, '+00:00', @@session.time_zone)))"
     )
-
-    def _try_slots(
-        self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
-    ) -> Claim | None:
-        cursor.execute(
-            "SELECT slot, CONNECTION_ID() FROM djlocks_row_lock WHERE name_key = %s "
-            f"AND slot < %s{skip_slots(taken)} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
-            (table_key(request.name), request.limit),
-        )
-        row = cursor.fetchone()
-        return None if row is None else Claim(*row)
 
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None

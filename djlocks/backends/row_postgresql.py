@@ -27,9 +27,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from djlocks.backends.base import AcquireRequest, WaiterInfo
+from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.postgresql import DEADLOCK_DETECTED, LOCK_KEY, LOCK_NOT_AVAILABLE
-from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect, skip_slots
+from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect
 from djlocks.backends.session import describe, queue_order
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import advisory_key, table_key
@@ -45,23 +45,13 @@ WAIT_SETTINGS = (
 
 class PostgreSQLRows(ServerRowDialect):
     vendor = "postgresql"
+    CONNECTION_ID = "pg_backend_pid()"
     LIVE_HOLDERS = (
         "FROM djlocks_row_holder h "
         "JOIN djlocks_row_lock r ON r.name_key = h.name_key AND r.slot = h.slot "
         "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted "
         "AND l.transactionid = r.xmax AND l.pid = h.connection_id WHERE TRUE"
     )
-
-    def _try_slots(
-        self, cursor: Any, request: AcquireRequest, taken: frozenset[int]
-    ) -> Claim | None:
-        cursor.execute(
-            "SELECT slot, pg_backend_pid() FROM djlocks_row_lock WHERE name_key = %s "
-            f"AND slot < %s{skip_slots(taken)} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
-            (table_key(request.name), request.limit),
-        )
-        row = cursor.fetchone()
-        return None if row is None else Claim(row[0], row[1])
 
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
@@ -137,7 +127,7 @@ class PostgreSQLRows(ServerRowDialect):
             (key, limit),
         )
 
-    def _terminate(self, cursor: Any, holder: Any) -> int:
+    def _terminate(self, cursor: Any, holder: HolderInfo) -> int:
         cursor.execute(
             f"SELECT count(*) FILTER (WHERE pg_terminate_backend(h.connection_id::integer, 5000)) "
             f"{self.LIVE_HOLDERS} AND h.token = %s",

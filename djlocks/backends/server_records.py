@@ -15,20 +15,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.apps import apps
+
 from djlocks.backends.base import AcquireRequest
 from djlocks.keys import table_key
 
 
 @dataclass(frozen=True)
 class RecordTables:
-    """The fence table and the holder table of one backend family (``djlocks.models``)."""
+    """The fence table and the holder table of one backend family, and the fence model."""
 
     fence: str
     holder: str
+    fence_model: str
 
 
-SESSION_TABLES = RecordTables("djlocks_session_fence", "djlocks_session_holder")
-ROW_TABLES = RecordTables("djlocks_row_fence", "djlocks_row_holder")
+SESSION_TABLES = RecordTables(
+    "djlocks_session_fence", "djlocks_session_holder", "djlocks.SessionFence"
+)
+ROW_TABLES = RecordTables("djlocks_row_fence", "djlocks_row_holder", "djlocks.RowFence")
 
 HOLDER_COLUMNS = (
     "name_key, slot, name, slot_limit, token, fence, connection_id, acquired_at, "
@@ -120,3 +125,11 @@ def record_grant(
         (*holder_params[:5], fence, *holder_params[5:]),
     )
     return fence
+
+
+def known_names(tables: RecordTables, using: str, name: str | None = None) -> list[tuple[str, int]]:
+    """``(name, limit)`` of every name the fence table knows (or only ``name``), sorted by name."""
+    rows = apps.get_model(tables.fence_model).objects.using(using)
+    if name is not None:
+        rows = rows.filter(key=table_key(name))
+    return list(rows.order_by("name").values_list("name", "limit"))

@@ -34,7 +34,6 @@ import random
 import re
 import secrets
 import threading
-import time
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
@@ -53,17 +52,22 @@ from djlocks.backends.base import (
     HolderInfo,
     LockBackend,
     WaiterInfo,
+    poll_with_backoff,
     seconds_left,
 )
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.server_records import (
+    SESSION_TABLES,
+    known_names,
+    record_grant,
+    register_name,
+)
 from djlocks.exceptions import BackendUnavailable, LockLost
 from djlocks.keys import GATE, table_key
 
 acquire_log = logging.getLogger("djlocks.acquire")
 
 MAX_SLOTS = 9999  # slot keys end in /0 ... /9999 and must fit GET_LOCK's 64 characters
-GATE_POLL_MIN = 0.001  # seconds; the gate's holder polls the slots from here ...
-GATE_POLL_MAX = 0.004  # ... backing off to here
 
 Key = int | str
 
@@ -152,20 +156,24 @@ class SessionBackend(LockBackend):
     def _holds(self, session: Session, key: Key) -> bool: ...
 
     @abstractmethod
-    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        """Issue the fence and record the holder's identity; return the fence."""
-
-    @abstractmethod
-    def _register(self, session: Session, request: AcquireRequest) -> None:
-        """Record the name before waiting, so waiters can be shown by name."""
-
-    @abstractmethod
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         """From ``session``, end the session ``connection_id`` (only if it holds ``key``)."""
 
     @abstractmethod
     def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
         """Which of ``keys`` the server says are held, and by which connection id."""
+
+    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
+        """Issue the fence and record the holder's identity; return the fence."""
+        with session.cursor() as cursor:
+            return record_grant(
+                cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
+            )
+
+    def _register(self, session: Session, request: AcquireRequest) -> None:
+        """Record the name before waiting, so waiters can be shown by name."""
+        with session.cursor() as cursor:
+            register_name(cursor, self.vendor, SESSION_TABLES, request)
 
     # -- sessions ----------------------------------------------------------
 
@@ -290,14 +298,7 @@ class SessionBackend(LockBackend):
         if not self._take(session, gate, seconds_left(deadline), identity):
             return None
         try:
-            pause = GATE_POLL_MIN
-            while (slot := self._try_slots(session, request, identity)) is None:
-                left = seconds_left(deadline)
-                if left == 0:
-                    return None
-                time.sleep(pause if left is None else min(pause, left))
-                pause = min(pause * 1.5, GATE_POLL_MAX)
-            return slot
+            return poll_with_backoff(lambda: self._try_slots(session, request, identity), deadline)
         finally:
             self._give_back(session, gate)
 
@@ -400,10 +401,7 @@ class SessionBackend(LockBackend):
         return killed
 
     def names(self) -> list[tuple[str, int]]:
-        from djlocks.models import SessionFence
-
-        known = SessionFence.objects.using(self.using).values_list("name", "limit")
-        return list(known.order_by("name"))
+        return known_names(SESSION_TABLES, self.using)
 
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return []  # refused at acquire: a session lock cannot outlive its release
@@ -413,13 +411,10 @@ class SessionBackend(LockBackend):
 
     def _waited_names(self, name: str | None) -> dict[Key, str]:
         """The keys a waiter of each known name (or of ``name``) may wait on."""
-        from djlocks.models import SessionFence
-
-        rows = SessionFence.objects.using(self.using)
-        if name is not None:
-            rows = rows.filter(key=table_key(name))
         return {
-            key: row.name for row in rows for key in (self.key(row.name), self.key(row.name, GATE))
+            key: known
+            for known, _limit in known_names(SESSION_TABLES, self.using, name)
+            for key in (self.key(known), self.key(known, GATE))
         }
 
     def _as_waiters(self, rows: Sequence[tuple[str | None, str, datetime]]) -> list[WaiterInfo]:
