@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.postgresql import DEADLOCK_DETECTED, LOCK_KEY, LOCK_NOT_AVAILABLE
@@ -101,19 +101,21 @@ class PostgreSQLRows(ServerRowDialect):
         The failed statement is rolled back to the savepoint, so the caller's
         transaction stays usable. Raises ``LockDeadlock`` for a deadlock.
         """
-        savepoint = transaction.savepoint(using=self.using)
+        connection = connections[self.using]
+        savepoint = connection.savepoint()  # transaction.savepoint_create() from Django 6
+        assert savepoint is not None  # a row lock is always taken inside an atomic block
         try:
             cursor.execute(sql, params)
             rows = list(cursor.fetchall())
         except DatabaseError as exc:
-            transaction.savepoint_rollback(savepoint, using=self.using)
+            connection.savepoint_rollback(savepoint)
             state = getattr(exc.__cause__, "sqlstate", None)
             if state in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
                 return None
             if state == DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
-        transaction.savepoint_commit(savepoint, using=self.using)
+        connection.savepoint_commit(savepoint)
         return rows
 
     def _canceller(self) -> Callable[[], None]:
