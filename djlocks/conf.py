@@ -18,6 +18,9 @@ Keys and defaults (all optional):
     Costs one ``INSERT`` per grant (at its end) and one per time-out.
 ``EVENTS_DATABASE``
     The database alias that holds ``djlocks_event`` (``"default"``).
+``KEY_PREFIX``
+    The first part of every Redis key the Redis backend writes (``"djlocks"``);
+    a backend's ``OPTIONS["prefix"]`` overrides it.
 ``EVENTS_RETENTION``
     Seconds of history ``djlocks sweep`` keeps (604800: seven days).
 """
@@ -44,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS": True,
     "EVENTS_DATABASE": "default",
     "EVENTS_RETENTION": 7 * 24 * 3600,
+    "KEY_PREFIX": "djlocks",
 }
 
 

@@ -18,6 +18,14 @@ class NotHeld(LockError):
 class AlreadyHeld(LockError):
     """The name is in use with different parameters (for example another ``limit``)."""
 
+    @classmethod
+    def limit_mismatch(cls, name: str, in_use: int, asked: int) -> AlreadyHeld:
+        return cls(
+            f"{name!r} is in use with limit={in_use}, and this caller asked for "
+            f"limit={asked}. Every caller of a name must pass the same limit; "
+            f"release every holder (manage.py djlocks release) before changing it."
+        )
+
 
 class LockLost(LockError):
     """The grant ended without its holder's release.

@@ -11,6 +11,11 @@
   waiters' gate appends ``/gate``.
 * PostgreSQL advisory locks: the one-``bigint`` form, the first 8 bytes of the
   SHA-256 of the ``subject`` (below) read as a signed big-endian integer.
+* Redis: every key of a name starts ``<prefix>:{<name>}:`` (the braces are a
+  Redis Cluster hash tag: one name, one cluster slot). A name that contains a
+  brace would break the tag and uses ``{#<SHA-256>}`` instead. The name's
+  meta hash ends ``m``; slot ``i``'s lease ``s:i``, its cool-down ``c:i``; the
+  queue ``q`` and each waiter's record ``w:<id>``.
 
 A readable name never ends in ``/<digits>`` or ``/gate`` (such names are
 hashed), so a lock called ``"x/0"`` never shares a key with slot 0 of ``"x"``.
@@ -34,6 +39,12 @@ GATE = "gate"
 def table_key(name: str) -> str:
     """Return the 64-hex-digit SHA-256 key that lease rows are stored under."""
     return hashlib.sha256(name.encode()).hexdigest()
+
+
+def redis_meta_key(prefix: str, name: str) -> str:
+    """The Redis key of a name's meta hash (limit, last fence, the name itself)."""
+    tag = f"#{hashlib.sha256(name.encode()).hexdigest()}" if "{" in name or "}" in name else name
+    return f"{prefix}:{{{tag}}}:m"
 
 
 def _suffix(slot: int | str | None) -> str:

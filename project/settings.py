@@ -98,6 +98,13 @@ else:
 
 DATABASES = {"default": database}
 
+# The Redis that the `redis` lock backend uses, through django-redis.
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
+}
+
 DJLOCKS: dict[str, Any] = {
     "BACKENDS": {
         "default": {
@@ -108,6 +115,11 @@ DJLOCKS: dict[str, Any] = {
         "row": {
             "BACKEND": "djlocks.backends.row.RowLockBackend",
             "OPTIONS": {"using": "default"},
+        },
+        # Leases in Redis, on the django-redis cache above.
+        "redis": {
+            "BACKEND": "djlocks.backends.redis.RedisBackend",
+            "OPTIONS": {"cache": "redis"},
         },
     },
     "TTL": 60,

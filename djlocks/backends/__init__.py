@@ -53,7 +53,9 @@ class BackendHandler:
         from djlocks.backends.dedicated import DedicatedConnections
 
         with self._lock:
-            self._backends.clear()
+            built, self._backends = list(self._backends.values()), {}
+        for backend in built:
+            backend.close()
         DedicatedConnections.close_all()
 
 

@@ -225,3 +225,6 @@ class LockBackend(ABC):
     @abstractmethod
     def force_release(self, name: str, token: str | None = None) -> int:
         """Take grants of ``name`` away (one by ``token``, or all); return how many."""
+
+    def close(self) -> None:
+        """Stop whatever the backend runs in the background (``backends.reset()``)."""

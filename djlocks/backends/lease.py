@@ -461,11 +461,7 @@ class LeaseBackend(LockBackend):
             if limit != request.limit and all(row[4] for row in rows):
                 rows = self._reshape(cursor, request, key, rows)
             elif limit != request.limit:
-                raise AlreadyHeld(
-                    f"{request.name!r} is in use with limit={limit}, and this caller asked for "
-                    f"limit={request.limit}. Every caller of a name must pass the same limit; "
-                    f"release every holder (manage.py djlocks release) before changing it."
-                )
+                raise AlreadyHeld.limit_mismatch(request.name, limit, request.limit)
             cursor.execute(
                 f"SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
                 f"AND expires_at > {d.now} AND id < %s",

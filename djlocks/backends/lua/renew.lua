@@ -1,0 +1,20 @@
+-- Set the lease of the grant ARGV[1] on slot ARGV[2] to end ARGV[3] ms from
+-- Redis's now; never re-claims an ended grant. The first renewal stamps the
+-- server's run id on the grant; a later one on a restarted server (another
+-- run id, the grant restored from disk) ends it instead.
+-- ARGV: 1 token, 2 slot, 3 ttl ms ('0': only check). Returns {1, expires ms}
+-- | {0} (ended) | {-2} (Redis restarted since the grant was stamped).
+local key = slot_key(ARGV[2])
+if redis.call('HGET', key, 'token') ~= ARGV[1] then return {0} end
+local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+local stamped = redis.call('HGET', key, 'run')
+if stamped and stamped ~= run_id then
+  redis.call('DEL', key)
+  wake_heads()
+  return {-2}
+end
+if ARGV[3] == '0' then return {1, -1} end
+if not stamped then redis.call('HSET', key, 'run', run_id) end
+redis.call('PEXPIRE', key, ARGV[3])
+local now_ms = clock()
+return {1, now_ms + tonumber(ARGV[3])}

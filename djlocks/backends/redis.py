@@ -1,0 +1,406 @@
+"""The Redis backend: leases as Redis keys with a TTL, through django-redis.
+
+Each operation is one Lua script (``djlocks/backends/lua/``), loaded once and
+called by SHA (redis-py's ``Script``), so every decision is atomic and judged
+by Redis's own clock: a lease is a hash whose ``PEXPIRE`` Redis enforces.
+This follows the single-instance lock pattern of the Redis documentation
+(``SET`` with ``PX`` and a random value; compare-and-delete in a script)
+and adds what that pattern lacks: semaphore slots, a fair queue, fences,
+cool-downs and the holder's identity.
+
+* A slot is granted only when fewer live waiters are queued ahead than slots
+  are free, so nobody barges past the queue. Waiters queue in a sorted set by
+  ticket; each waiter's record expires ``WAITER_TTL`` seconds after its last
+  attempt, so a dead waiter drops out on its own.
+* A release publishes the next waiter's id on its process's channel
+  (``redis_wakeups``); waiters also retry every ``POLL_INTERVAL`` seconds at
+  most, and when the soonest lease or cool-down ends, so a lost wake-up costs
+  one poll (G5).
+* The fence is one more than the name's last fence and never below Redis's
+  clock in microseconds, so it keeps rising when Redis restarts empty. The
+  first renewal stamps Redis's run id on the grant: a grant restored from
+  disk by a restarted server is ended, and its holder told (``LockLost``).
+
+What Redis cannot promise: a failover to a replica, or a restart that loses
+writes (no ``appendfsync always``), can grant a name twice; fences, and the
+``LockLost`` the holder then gets, are the defence. A ``maxmemory-policy``
+other than ``noeviction`` may evict leases (system check ``djlocks.W004``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from redis import Redis
+from redis.commands.core import Script
+from redis.exceptions import RedisError
+
+from djlocks.backends.base import (
+    Abort,
+    AcquireRequest,
+    CooldownInfo,
+    GrantRecord,
+    HolderInfo,
+    LockBackend,
+    WaiterInfo,
+    seconds_left,
+)
+from djlocks.backends.redis_wakeups import WakeListener
+from djlocks.conf import djlocks_settings
+from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
+from djlocks.keys import redis_meta_key
+
+acquire_log = logging.getLogger("djlocks.acquire")
+renew_log = logging.getLogger("djlocks.renew")
+
+SCRIPTS = (
+    "acquire",
+    "release",
+    "renew",
+    "leave",
+    "force_release",
+    "describe",
+    "set_cooldown",
+    "sweep",
+)
+PREFIX_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
+SCAN_BATCH = 1000
+GRANTED, WAITING, LIMIT_MISMATCH = 1, 0, -1
+ENDED, RESTARTED = 0, -2
+
+
+@cache
+def _script_source(name: str) -> str:
+    lua = resources.files("djlocks.backends") / "lua"
+    return (lua / "prelude.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds (at least 1: ``PX 0`` is an error in Redis)."""
+    return max(1, round(seconds * 1000))
+
+
+def _moment(ms: int | bytes | str) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000, UTC)
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _token(secret: str, slot: int) -> str:
+    """A grant's token: its random secret and its slot, so release finds the slot at once."""
+    return f"{secret}.{slot}"
+
+
+def _split_token(token: str) -> tuple[str, int]:
+    secret, _, slot = token.rpartition(".")
+    return secret, int(slot)
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """What one acquire script said: a grant, or how long until a slot may free."""
+
+    grant: GrantRecord | None
+    soonest: float | None = None  # seconds until the soonest lease or cool-down ends
+
+
+class RedisBackend(LockBackend):
+    """Locks and semaphores as Redis leases, on a django-redis cache's connection.
+
+    OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
+    default ``"default"``), ``prefix`` (key prefix, default
+    ``DJLOCKS["KEY_PREFIX"]``). Crash release: at the TTL. Waiters queue
+    FIFO in Redis and are woken through pub/sub, with a bounded poll.
+    """
+
+    forced_release_effect = (
+        "its lease key is deleted at once and the next holder gets a higher fence, so the "
+        "old holder's fenced writes are refused; the old holder learns it at its next "
+        "renewal or check"
+    )
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.cache: str = self.options.get("cache", "default")
+        self.prefix: str = self.options.get("prefix") or djlocks_settings()["KEY_PREFIX"]
+        if not self.prefix or not set(self.prefix) <= PREFIX_CHARACTERS:
+            raise ImproperlyConfigured(
+                f"djlocks backend {alias!r}: the Redis key prefix {self.prefix!r} must be "
+                f"non-empty letters, digits and '_.-:' (no braces or glob characters)."
+            )
+        self._client: Redis | None = None
+        self._scripts: dict[str, Script] = {}
+        self._wakeups = WakeListener(self.redis, self.prefix)
+
+    # -- the connection and the scripts -----------------------------------
+
+    def redis(self) -> Redis:
+        """The django-redis client of the cache ``OPTIONS["cache"]`` (thread-safe, pooled)."""
+        if self._client is None:
+            from django_redis import get_redis_connection
+
+            try:
+                client = get_redis_connection(self.cache)
+            except NotImplementedError as exc:
+                raise ImproperlyConfigured(
+                    f"djlocks backend {self.alias!r} needs CACHES[{self.cache!r}] to use "
+                    f"django-redis ('django_redis.cache.RedisCache'): {exc}"
+                ) from exc
+            except Exception as exc:  # django's InvalidCacheBackendError and friends
+                raise ImproperlyConfigured(
+                    f"djlocks backend {self.alias!r}: CACHES[{self.cache!r}] cannot be used: {exc}"
+                ) from exc
+            self._scripts = {name: client.register_script(_script_source(name)) for name in SCRIPTS}
+            self._client = client
+        return self._client
+
+    def _run(self, script: str, name: str, *args: object) -> Any:
+        """Run ``script`` on the keys of ``name``; Redis errors become ``BackendUnavailable``."""
+        return self._call(script, redis_meta_key(self.prefix, name), *args)
+
+    def _call(self, script: str, meta_key: str, *args: object) -> Any:
+        self.redis()
+        try:
+            return self._scripts[script](keys=[meta_key], args=list(args))
+        except RedisError as exc:
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r} could not use Redis (cache {self.cache!r}): "
+                f"{exc}. Is redis-server running and reachable at the cache's LOCATION?"
+            ) from exc
+
+    # -- acquire -----------------------------------------------------------
+
+    def acquire(
+        self, request: AcquireRequest, deadline: float | None, abort: Abort | None
+    ) -> GrantRecord | None:
+        secret = secrets.token_hex(16)
+        waiter = secrets.token_hex(8)
+        once = deadline is not None and time.monotonic() >= deadline
+        try:
+            attempt = self._attempt(request, secret, waiter, "try" if once else "join")
+            if attempt.grant is not None or once:
+                return attempt.grant
+            grant = self._wait_in_queue(request, secret, waiter, deadline, abort)
+        except BaseException:
+            self._leave(request.name, secret, waiter)  # the outcome is unknown: clean up by token
+            raise
+        if grant is None:
+            self._leave(request.name, secret, waiter)
+        return grant
+
+    def _wait_in_queue(
+        self,
+        request: AcquireRequest,
+        secret: str,
+        waiter: str,
+        deadline: float | None,
+        abort: Abort | None,
+    ) -> GrantRecord | None:
+        """Wait for a wake-up, the soonest lease end or the poll bound; try again; repeat."""
+        poll = float(djlocks_settings()["POLL_INTERVAL"])
+        with (
+            self._wakeups.waiting(waiter) as woken,
+            abort.cancelling(woken.set) if abort is not None else contextlib.nullcontext(),
+        ):
+            while True:
+                woken.clear()
+                attempt = self._attempt(request, secret, waiter, "wait")
+                if attempt.grant is not None:
+                    return attempt.grant
+                left = seconds_left(deadline)
+                if left == 0 or (abort is not None and abort.is_set()):
+                    return None
+                pause = min(poll, attempt.soonest if attempt.soonest is not None else poll)
+                woken.wait(pause if left is None else min(pause, left))
+
+    def _attempt(self, request: AcquireRequest, secret: str, waiter: str, mode: str) -> _Attempt:
+        ident = request.identity
+        reply = self._run(
+            "acquire",
+            request.name,
+            secret,
+            request.limit,
+            _ms(request.ttl),
+            waiter,
+            mode,
+            _ms(float(djlocks_settings()["WAITER_TTL"])),
+            self._wakeups.ensure_channel() if mode != "try" else "",
+            request.name,
+            ident.host,
+            ident.pid,
+            ident.thread,
+            ident.label,
+        )
+        status = int(reply[0])
+        if status == LIMIT_MISMATCH:
+            raise AlreadyHeld.limit_mismatch(request.name, int(reply[1]), request.limit)
+        if status == WAITING:
+            soonest = int(reply[1])
+            return _Attempt(None, None if soonest < 0 else soonest / 1000)
+        slot, fence, expires_ms = int(reply[1]), int(reply[2]), int(reply[3])
+        return _Attempt(GrantRecord(_token(secret, slot), slot, fence, _moment(expires_ms)))
+
+    def _leave(self, name: str, secret: str, waiter: str) -> None:
+        """Leave the queue and drop any grant of ``secret`` (an acquire that ended unknown)."""
+        try:
+            self._run("leave", name, secret, waiter)
+        except BackendUnavailable as exc:
+            acquire_log.warning(
+                "could not leave the queue of %r (%s); the waiter record expires by itself "
+                "and any grant at its TTL",
+                name,
+                exc,
+            )
+
+    # -- release, renew, check ---------------------------------------------
+
+    def release(self, name: str, token: str, cooldown: float) -> None:
+        secret, slot = _split_token(token)
+        cooldown_ms = _ms(cooldown) if cooldown > 0 else 0
+        if not self._run("release", name, secret, slot, cooldown_ms):
+            raise LockLost(
+                f"The grant of {name!r} had ended before release: its lease expired, it was "
+                f"released by force, or Redis lost it (a restart or failover)."
+            )
+
+    def renew(self, name: str, token: str, ttl: float) -> datetime | None:
+        expires_ms = self._renew(name, token, _ms(ttl))
+        renew_log.debug("renewed %s until %s", name, expires_ms)
+        return _moment(expires_ms)
+
+    def is_held(self, name: str, token: str) -> bool:
+        try:
+            self._renew(name, token, 0)
+        except LockLost:
+            return False
+        return True
+
+    def _renew(self, name: str, token: str, ttl_ms: int) -> int:
+        secret, slot = _split_token(token)
+        reply = self._run("renew", name, secret, slot, ttl_ms)
+        if int(reply[0]) == ENDED:
+            raise LockLost(
+                f"The lease on {name!r} had ended: it expired, was released by force, or "
+                f"Redis lost it (a restart without persistence, or a failover)."
+            )
+        if int(reply[0]) == RESTARTED:
+            raise LockLost(
+                f"Redis restarted while {name!r} was held (its run id changed); the grant "
+                f"restored from disk was ended."
+            )
+        return int(reply[1])
+
+    # -- introspection -----------------------------------------------------
+
+    def _meta_keys(self) -> Iterator[str]:
+        """Every name's meta key, by ``SCAN`` (never ``KEYS``: it blocks the server)."""
+        try:
+            for key in self.redis().scan_iter(match=f"{self.prefix}:{{*}}:m", count=SCAN_BATCH):
+                yield _text(key)
+        except RedisError as exc:
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r} could not scan Redis (cache {self.cache!r}): {exc}"
+            ) from exc
+
+    def _described(self, name: str | None) -> list[Sequence[Any]]:
+        """The describe script's reply for ``name``, or for every name (pipelined)."""
+        if name is not None:
+            return [self._run("describe", name)]
+        keys = list(self._meta_keys())
+        replies: list[Sequence[Any]] = []
+        for start in range(0, len(keys), SCAN_BATCH):
+            try:
+                with self.redis().pipeline(transaction=False) as pipe:
+                    for key in keys[start : start + SCAN_BATCH]:
+                        self._scripts["describe"](keys=[key], client=pipe)
+                    replies.extend(pipe.execute())
+            except RedisError as exc:
+                raise BackendUnavailable(
+                    f"djlocks backend {self.alias!r} could not read Redis: {exc}"
+                ) from exc
+        return sorted(replies, key=lambda reply: _text(reply[1]))
+
+    def holders(self, name: str | None = None) -> list[HolderInfo]:
+        return [
+            HolderInfo(
+                name=_text(reply[1]),
+                backend=self.alias,
+                slot=int(slot),
+                limit=int(reply[2]),
+                host=_text(host),
+                pid=int(pid or 0),
+                thread=_text(thread),
+                label=_text(label),
+                since=_moment(since),
+                expires_at=_moment(expires),
+                fence=int(fence),
+                token=_token(_text(secret), int(slot)),
+            )
+            for reply in self._described(name)
+            for slot, secret, fence, since, expires, host, pid, thread, label in reply[3]
+        ]
+
+    def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
+        return [
+            CooldownInfo(
+                name=_text(reply[1]), backend=self.alias, slot=int(slot), until=_moment(until)
+            )
+            for reply in self._described(name)
+            for slot, until in reply[4]
+        ]
+
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        return [
+            WaiterInfo(
+                name=_text(reply[1]),
+                backend=self.alias,
+                position=position,
+                host=_text(host),
+                pid=int(pid or 0),
+                thread=_text(thread),
+                label=_text(label),
+                since=_moment(since),
+            )
+            for reply in self._described(name)
+            for position, (since, host, pid, thread, label) in enumerate(reply[5])
+        ]
+
+    def names(self) -> list[tuple[str, int]]:
+        return [(_text(reply[1]), int(reply[2])) for reply in self._described(None)]
+
+    # -- operators' actions ------------------------------------------------
+
+    def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:
+        until = int(self._run("set_cooldown", name, slot, _ms(seconds) if seconds > 0 else 0))
+        if until < 0:
+            raise ValueError(f"{name!r} has no slot {slot} on backend {self.alias!r}.")
+        return _moment(until) if until else None
+
+    def force_release(self, name: str, token: str | None = None) -> int:
+        secret = _split_token(token)[0] if token else ""
+        return int(self._run("force_release", name, secret))
+
+    def sweep(self) -> dict[str, int]:
+        """Drop dead waiters from every queue.
+
+        Leases and cool-downs need no sweeping: Redis deletes them at their
+        TTL. Such expiries leave no ``expired`` event (the key is gone before
+        anyone looks); the holder records a ``lost`` event when it notices.
+        """
+        dead = sum(int(self._call("sweep", key)) for key in self._meta_keys())
+        return {"dead waiters": dead}
+
+    def close(self) -> None:
+        self._wakeups.close()

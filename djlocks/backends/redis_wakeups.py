@@ -1,0 +1,154 @@
+"""Wake-ups for the Redis backend's waiters: one pub/sub subscription per process.
+
+A waiter's record in Redis names this process's channel; when a slot frees,
+the releasing script publishes the waiter's id there and the listener thread
+sets that waiter's ``threading.Event``. Waiting on a local event keeps every
+time-out exact (Redis times out blocked commands only on its ``hz`` tick,
+100 ms by default) and costs one connection per process, not one per waiter.
+
+A wake-up is a hint: waiters also poll, so a message lost while the
+subscription reconnects delays a waiter by one poll, never strands it (G5).
+The thread stops by itself after ``IDLE_STOP`` seconds without a waiter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+wakeup_log = logging.getLogger("djlocks.acquire")
+
+IDLE_STOP = 30.0  # seconds without a waiter before the listener unsubscribes and ends
+LISTEN_SLICE = 0.25  # seconds the listener blocks on its socket between checks
+SUBSCRIBE_WAIT = 1.0  # seconds a first waiter waits for the subscription to be confirmed
+RECONNECT_PAUSE = 0.2  # seconds between attempts while Redis cannot be reached
+
+
+class _Run:
+    """One run of the listener thread: its stop flag and whether its subscription is live."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.subscribed = threading.Event()
+        self.thread: threading.Thread | None = None
+
+
+class WakeListener:
+    """Delivers wake-ups published to this process's channel to waiting threads."""
+
+    def __init__(self, client: Callable[[], Redis], prefix: str) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._guard = threading.Lock()
+        self._events: dict[str, threading.Event] = {}
+        self._run: _Run | None = None
+        self._pid = 0
+        self.channel = ""
+
+    @contextlib.contextmanager
+    def waiting(self, waiter_id: str) -> Iterator[threading.Event]:
+        """An event set whenever a release wakes ``waiter_id``; listens while the block runs."""
+        event = threading.Event()
+        with self._guard:
+            self._events[waiter_id] = event
+            run = self._running()
+        run.subscribed.wait(SUBSCRIBE_WAIT)
+        try:
+            yield event
+        finally:
+            with self._guard:
+                self._events.pop(waiter_id, None)
+
+    def ensure_channel(self) -> str:
+        """This process's channel name (fixed per process; a forked child gets its own)."""
+        with self._guard:
+            if self._pid != os.getpid():
+                self._reset_for_this_process()
+            return self.channel
+
+    def _reset_for_this_process(self) -> None:
+        """A new process (first use, or a fork): the parent's thread did not come along."""
+        self._pid = os.getpid()
+        self.channel = f"{self._prefix}:wake:{socket.gethostname()}:{self._pid}:" + (
+            secrets.token_hex(4)
+        )
+        self._run = None
+        self._events.clear()
+
+    def _running(self) -> _Run:
+        """The live listener run, started if there is none (call with the guard held)."""
+        if self._pid != os.getpid():
+            self._reset_for_this_process()
+        run = self._run
+        if run is None or run.thread is None or not run.thread.is_alive():
+            run = self._run = _Run()
+            run.thread = threading.Thread(
+                target=self._listen, args=(run,), name="djlocks-redis-wakeups", daemon=True
+            )
+            run.thread.start()
+        return run
+
+    def close(self) -> None:
+        """Unsubscribe and end the listener thread (``backends.reset()``)."""
+        with self._guard:
+            run, self._run = self._run, None
+        if run is not None and run.thread is not None:
+            run.stop.set()
+            run.thread.join(LISTEN_SLICE * 4)
+
+    def _idle_too_long(self, run: _Run, idle_since: float | None) -> tuple[bool, float | None]:
+        """Whether ``run`` should end for lack of waiters; the idle start, updated."""
+        with self._guard:
+            if self._events:
+                return False, None
+            now = time.monotonic()
+            if idle_since is None:
+                return False, now
+            if now - idle_since < IDLE_STOP:
+                return False, idle_since
+            if self._run is run:
+                self._run = None
+            return True, idle_since
+
+    def _listen(self, run: _Run) -> None:
+        idle_since: float | None = None
+        pubsub = self._client().pubsub()
+        try:
+            while not run.stop.is_set():
+                stop, idle_since = self._idle_too_long(run, idle_since)
+                if stop:
+                    return
+                try:
+                    if not pubsub.subscribed:
+                        pubsub.subscribe(self.channel)
+                    message = pubsub.get_message(timeout=LISTEN_SLICE)
+                except RedisError as exc:
+                    run.subscribed.clear()
+                    wakeup_log.warning(
+                        "wake-up subscription lost (%s); waiters poll meanwhile", exc
+                    )
+                    pubsub.reset()
+                    run.stop.wait(RECONNECT_PAUSE)
+                    continue
+                if message is None:
+                    continue
+                if message["type"] == "subscribe":
+                    run.subscribed.set()
+                elif message["type"] == "message":
+                    with self._guard:
+                        event = self._events.get(message["data"].decode())
+                    if event is not None:
+                        event.set()
+        finally:
+            run.subscribed.clear()
+            with contextlib.suppress(RedisError):
+                pubsub.close()
