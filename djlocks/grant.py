@@ -96,8 +96,12 @@ class Grant:
             raise LockLost(f"The grant of {self.name!r} was released.")
         if self._lost_reason is None and time.monotonic() >= self._believe_until:
             self.mark_lost("its lease ran out without a successful renewal")
-        elif self._lost_reason is None and not self.backend.is_held(self.name, self.token):
-            self.mark_lost("the store no longer has it (expired or released by force)")
+        elif self._lost_reason is None:
+            try:
+                if not self.backend.is_held(self.name, self.token):
+                    self.mark_lost("the store no longer has it (expired or released by force)")
+            except LockLost as exc:
+                self.mark_lost(str(exc))
         if self._lost_reason is not None:
             raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
 

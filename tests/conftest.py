@@ -15,11 +15,24 @@ from djlocks.models import LeaseWaiter
 
 @pytest.fixture
 def store(transactional_db: None) -> Iterator[None]:
-    """A clean lease store; afterwards nothing may be left behind (oracle O4)."""
+    """Clean lease stores; afterwards nothing may be left behind (oracle O4).
+
+    The test database is flushed by pytest-django; the Redis keys under the
+    backend's prefix are deleted here, before the test.
+    """
+    redis = backends["redis"]
+    stale = list(redis.redis().scan_iter(match=f"{redis.prefix}:*", count=1000))
+    if stale:
+        redis.redis().delete(*stale)
     yield
     assert heartbeat.active() == 0, "a renewal is still running after the test"
     lease = backends["default"]
     assert lease.holders() == [], "a live grant was left"
     assert lease.waiters() == [], "a live waiter record was left"
     assert not LeaseWaiter.objects.filter(pid=os.getpid()).exists(), "this process left a waiter"
+    assert redis.holders() == [], "a Redis lease was left"
+    assert redis.waiters() == [], "a Redis waiter was left"
     backends.reset()
+    assert not redis.redis().pubsub_channels(f"{redis.prefix}:wake:*:{os.getpid()}:*"), (
+        "a wake-up subscription outlived backends.reset()"
+    )

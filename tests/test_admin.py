@@ -66,27 +66,32 @@ def test_the_dashboard_is_in_the_admin_index(admin_client: Client) -> None:
     assert OVERVIEW in index and "Locks and semaphores" in index
 
 
-def test_item_25_the_admin_matches_the_store(admin_client: Client) -> None:
+@pytest.mark.parametrize("backend", ["default", "redis"])
+def test_item_25_the_admin_matches_the_store(admin_client: Client, backend: str) -> None:
     """One holder and two waiters on a lock, 2 of 3 slots of a semaphore: all shown."""
     report = CONTEXT.Queue()
     with (
-        db_lock("admin:lock", label="nightly import", timeout=0) as grant,
-        db_semaphore("admin:sem", limit=3, timeout=0, label="render a"),
-        db_semaphore("admin:sem", limit=3, timeout=0, label="render b"),
+        db_lock("admin:lock", label="nightly import", timeout=0, backend=backend) as grant,
+        db_semaphore("admin:sem", limit=3, timeout=0, label="render a", backend=backend),
+        db_semaphore("admin:sem", limit=3, timeout=0, label="render b", backend=backend),
     ):
-        waiters = [start_worker(wait_in_line, "admin:lock", f"waiter {i}", report) for i in (1, 2)]
-        wait_for(lambda: len(backends["default"].waiters("admin:lock")) == 2)
+        waiters = [
+            start_worker(wait_in_line, "admin:lock", f"waiter {i}", report, backend) for i in (1, 2)
+        ]
+        wait_for(lambda: len(backends[backend].waiters("admin:lock")) == 2)
 
         overview = admin_client.get(OVERVIEW).content.decode()
         assert "admin:lock" in overview and "admin:sem" in overview
         assert "1 / 1" in overview and "2 / 3" in overview and "semaphore of 3" in overview
 
-        page = admin_client.get(name_url("admin:lock")).content.decode()
+        page = admin_client.get(name_url("admin:lock", backend)).content.decode()
         assert "nightly import" in page and str(os.getpid()) in page and str(grant.fence) in page
         assert grant.expires_at is not None and "data-countdown" in page
         for worker in waiters:
             assert str(worker.pid) in page
-        data = admin_client.get(name_url("admin:lock").replace("/name/", "/name.json")).json()
+        data = admin_client.get(
+            name_url("admin:lock", backend).replace("/name/", "/name.json")
+        ).json()
         (holder,) = data["holders"]
         assert holder["pid"] == os.getpid() and holder["fence"] == grant.fence
         assert holder["host"] and holder["since"] and holder["expires_in"] > 0
@@ -95,7 +100,9 @@ def test_item_25_the_admin_matches_the_store(admin_client: Client) -> None:
         assert {w["pid"] for w in data["waiters"]} == {w.pid for w in waiters}
         assert all(w["host"] and w["since"] for w in data["waiters"])
 
-        semaphore = admin_client.get(name_url("admin:sem").replace("/name/", "/name.json")).json()
+        semaphore = admin_client.get(
+            name_url("admin:sem", backend).replace("/name/", "/name.json")
+        ).json()
         assert sorted(h["label"] for h in semaphore["holders"]) == ["render a", "render b"]
         assert semaphore["limit"] == 3
     for worker in waiters:

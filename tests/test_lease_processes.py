@@ -1,6 +1,8 @@
-"""RELIABILITY.md catalogue items for the lease backend, with real processes.
+"""RELIABILITY.md catalogue items for the lease backends (rows in the database,
+keys in Redis), with real processes.
 
-Workers are spawned (tests/workers.py) and talk to the same real test database.
+Workers are spawned (tests/workers.py) and talk to the same real test database
+and Redis.
 """
 
 from __future__ import annotations
@@ -21,6 +23,13 @@ from tests.workers import CONTEXT, hold_then_report, start_worker, try_once, wai
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 
 
+@pytest.fixture(params=["default", "redis"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The alias of a lease backend: rows in the test database, or keys in Redis."""
+    alias: str = request.param
+    return alias
+
+
 def _get(queue: Any, timeout: float = 60) -> Any:
     try:
         return queue.get(timeout=timeout)
@@ -28,43 +37,43 @@ def _get(queue: Any, timeout: float = 60) -> Any:
         pytest.fail(f"no report from a worker within {timeout} s")
 
 
-def test_1_exact_counter_under_contention() -> None:
-    result = run_stress(StressPlan("default", processes=8, iterations=200), timeout=180)
+def test_1_exact_counter_under_contention(backend: str) -> None:
+    result = run_stress(StressPlan(backend, processes=8, iterations=200), timeout=180)
     assert result.errors == []
     assert (result.counter, result.overlaps, result.max_concurrent) == (1600, 0, 1)
     assert result.fences_increase and result.ok
 
 
-def test_2_semaphore_never_exceeds_limit_and_reaches_it() -> None:
+def test_2_semaphore_never_exceeds_limit_and_reaches_it(backend: str) -> None:
     # Holds of 30 ms against acquisitions of a few ms: with 12 contenders all
     # three slots are in use together many times over, even on a loaded 2-core
     # machine (with 3 ms holds a CI run once peaked at 2).
-    plan = StressPlan("default", processes=12, iterations=12, limit=3, hold_ms=30, name="t2")
+    plan = StressPlan(backend, processes=12, iterations=12, limit=3, hold_ms=30, name="t2")
     result = run_stress(plan, timeout=180)
     assert result.errors == [] and result.ok
     assert result.max_concurrent == 3
 
 
-def test_2_semaphore_with_two_holders_killed() -> None:
+def test_2_semaphore_with_two_holders_killed(backend: str) -> None:
     plan = StressPlan(
-        "default", processes=6, iterations=10, limit=3, hold_ms=3, ttl=1.5, name="t2k", kill=2
+        backend, processes=6, iterations=10, limit=3, hold_ms=3, ttl=1.5, name="t2k", kill=2
     )
     result = run_stress(plan, timeout=180)
     assert result.errors == [] and result.ok, result
     assert result.counter == result.expected == 6 * 10 - 2 * 5
     # No slot leaked: the dead holders' slots come free by themselves within the
     # TTL (G12), and then all three can be held at once again.
-    semaphore = Semaphore("t2k", limit=3, ttl=5)
+    semaphore = Semaphore("t2k", limit=3, ttl=5, backend=backend)
     for _ in range(3):
         assert semaphore.acquire(timeout=1.5 + 1.0)
     for _ in range(3):
         semaphore.release()
 
 
-def test_3_try_lock_burst_has_exactly_one_winner() -> None:
+def test_3_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
     barrier = CONTEXT.Barrier(20)
     report = CONTEXT.Queue()
-    workers = [start_worker(try_once, "t3", barrier, report, 1.0) for _ in range(20)]
+    workers = [start_worker(try_once, "t3", barrier, report, 1.0, backend) for _ in range(20)]
     outcomes = [_get(report)[0] for _ in workers]
     for worker in workers:
         worker.join(30)
@@ -72,19 +81,19 @@ def test_3_try_lock_burst_has_exactly_one_winner() -> None:
     assert sorted(outcomes).count("lost") == 19, outcomes
 
 
-def test_4_waiters_are_served_first_come_first_served() -> None:
-    holder = Lock("t4", ttl=30)
+def test_4_waiters_are_served_first_come_first_served(backend: str) -> None:
+    holder = Lock("t4", ttl=30, backend=backend)
     holder.acquire()
     report = CONTEXT.Queue()
     workers = []
     for position, label in enumerate(["first", "second", "third"]):
-        workers.append(start_worker(wait_in_line, "t4", label, report))
+        workers.append(start_worker(wait_in_line, "t4", label, report, backend))
         deadline = time.monotonic() + 30
-        while len(backends["default"].waiters("t4")) <= position:
+        while len(backends[backend].waiters("t4")) <= position:
             assert time.monotonic() < deadline, "a waiter never queued"
             time.sleep(0.02)
     # A newcomer must not barge past the queue.
-    assert Lock("t4").acquire(timeout=0) is False
+    assert Lock("t4", backend=backend).acquire(timeout=0) is False
     holder.release()
     order = [_get(report) for _ in workers]
     for worker in workers:
@@ -94,32 +103,32 @@ def test_4_waiters_are_served_first_come_first_served() -> None:
     assert fences == sorted(fences)
 
 
-def test_5_killed_holder_is_freed_at_ttl_not_before() -> None:
+def test_5_killed_holder_is_freed_at_ttl_not_before(backend: str) -> None:
     report = CONTEXT.Queue()
-    worker = start_worker(hold_then_report, "t5", 1.5, report, 60)
+    worker = start_worker(hold_then_report, "t5", 1.5, report, 60, backend)
     _, pid, dead_fence = _get(report)
     os.kill(pid, signal.SIGKILL)
     worker.join(10)
     killed = time.monotonic()
-    assert Lock("t5").acquire(timeout=0) is False  # the lease is still running
-    with db_lock("t5", timeout=10) as grant:
+    assert Lock("t5", backend=backend).acquire(timeout=0) is False  # the lease is still running
+    with db_lock("t5", timeout=10, backend=backend) as grant:
         waited = time.monotonic() - killed
         assert grant.fence > dead_fence
     # The dead holder's last renewal was at most ttl/3 before the kill.
     assert 0.5 < waited < 1.5 + 1.0, waited
 
 
-def test_7_paused_holder_is_fenced_and_its_late_release_fails() -> None:
+def test_7_paused_holder_is_fenced_and_its_late_release_fails(backend: str) -> None:
     report = CONTEXT.Queue()
     go = CONTEXT.Event()
     from tests.workers import hold_without_renewal_then_release
 
-    worker = start_worker(hold_without_renewal_then_release, "t7", 1.0, report, go)
+    worker = start_worker(hold_without_renewal_then_release, "t7", 1.0, report, go, backend)
     _, old_fence = _get(report)
     assert worker.pid is not None
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        with db_lock("t7", ttl=10, timeout=10) as grant:
+        with db_lock("t7", ttl=10, timeout=10, backend=backend) as grant:
             assert grant.fence > old_fence
             os.kill(worker.pid, signal.SIGCONT)
             go.set()

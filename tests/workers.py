@@ -48,11 +48,13 @@ def hold_then_report(
     report.put(("released", os.getpid(), grant.fence))
 
 
-def hold_without_renewal_then_release(name: str, ttl: float, report: Any, go: Any) -> None:
+def hold_without_renewal_then_release(
+    name: str, ttl: float, report: Any, go: Any, backend: str = "default"
+) -> None:
     """Hold without a heartbeat; after ``go`` is set, try to release late."""
     from djlocks import Lock, LockLost
 
-    lock = Lock(name, ttl=ttl, renew=False)
+    lock = Lock(name, ttl=ttl, renew=False, backend=backend)
     grant = lock.__enter__()
     report.put(("held", grant.fence))
     go.wait(60)

@@ -187,7 +187,11 @@ class LockBackend(ABC):
 
     @abstractmethod
     def is_held(self, name: str, token: str) -> bool:
-        """Ask the store whether the grant ``token`` is still live."""
+        """Ask the store whether the grant ``token`` is still live.
+
+        A store that knows why a grant ended may raise ``LockLost`` saying so
+        instead of returning ``False``.
+        """
 
     @abstractmethod
     def holders(self, name: str | None = None) -> list[HolderInfo]: ...
@@ -227,4 +231,5 @@ class LockBackend(ABC):
         """Take grants of ``name`` away (one by ``token``, or all); return how many."""
 
     def close(self) -> None:
-        """Stop whatever the backend runs in the background (``backends.reset()``)."""
+        """Stop what the backend runs in the background (``backends.reset()``); most run none."""
+        return None

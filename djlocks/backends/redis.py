@@ -166,19 +166,22 @@ class RedisBackend(LockBackend):
             self._client = client
         return self._client
 
-    def _run(self, script: str, name: str, *args: object) -> Any:
+    def _run(self, script: str, name: str, *args: str | int) -> Any:
         """Run ``script`` on the keys of ``name``; Redis errors become ``BackendUnavailable``."""
         return self._call(script, redis_meta_key(self.prefix, name), *args)
 
-    def _call(self, script: str, meta_key: str, *args: object) -> Any:
+    def _call(self, script: str, meta_key: str, *args: str | int) -> Any:
         self.redis()
         try:
             return self._scripts[script](keys=[meta_key], args=list(args))
         except RedisError as exc:
-            raise BackendUnavailable(
-                f"djlocks backend {self.alias!r} could not use Redis (cache {self.cache!r}): "
-                f"{exc}. Is redis-server running and reachable at the cache's LOCATION?"
-            ) from exc
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: RedisError) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"djlocks backend {self.alias!r} could not use Redis (cache {self.cache!r}): "
+            f"{exc} Is redis-server running and reachable at the cache's LOCATION?"
+        )
 
     # -- acquire -----------------------------------------------------------
 
@@ -281,10 +284,8 @@ class RedisBackend(LockBackend):
         return _moment(expires_ms)
 
     def is_held(self, name: str, token: str) -> bool:
-        try:
-            self._renew(name, token, 0)
-        except LockLost:
-            return False
+        """True, or ``LockLost`` saying why the grant ended (expired, forced, restart)."""
+        self._renew(name, token, 0)
         return True
 
     def _renew(self, name: str, token: str, ttl_ms: int) -> int:
@@ -310,9 +311,7 @@ class RedisBackend(LockBackend):
             for key in self.redis().scan_iter(match=f"{self.prefix}:{{*}}:m", count=SCAN_BATCH):
                 yield _text(key)
         except RedisError as exc:
-            raise BackendUnavailable(
-                f"djlocks backend {self.alias!r} could not scan Redis (cache {self.cache!r}): {exc}"
-            ) from exc
+            raise self._unavailable(exc) from exc
 
     def _described(self, name: str | None) -> list[Sequence[Any]]:
         """The describe script's reply for ``name``, or for every name (pipelined)."""
@@ -327,9 +326,7 @@ class RedisBackend(LockBackend):
                         self._scripts["describe"](keys=[key], client=pipe)
                     replies.extend(pipe.execute())
             except RedisError as exc:
-                raise BackendUnavailable(
-                    f"djlocks backend {self.alias!r} could not read Redis: {exc}"
-                ) from exc
+                raise self._unavailable(exc) from exc
         return sorted(replies, key=lambda reply: _text(reply[1]))
 
     def holders(self, name: str | None = None) -> list[HolderInfo]:

@@ -121,7 +121,7 @@ class WakeListener:
 
     def _listen(self, run: _Run) -> None:
         idle_since: float | None = None
-        pubsub = self._client().pubsub()
+        pubsub = self._client().pubsub()  # type: ignore[no-untyped-call]
         try:
             while not run.stop.is_set():
                 stop, idle_since = self._idle_too_long(run, idle_since)
