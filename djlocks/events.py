@@ -61,8 +61,8 @@ class EventLog:
 
     def grant_ended(self, grant: Grant, kind: str, reason: str = "") -> None:
         """The grant was released (``released``) or found lost (``lost``): two events."""
-        if not grant.backend.records_history:
-            return
+        if not grant.backend.records_history or not djlocks_settings()["EVENTS"]:
+            return  # before building the events: this is on every release's path
         ended_at = timezone.now()
         common = _about_grant(grant)
         self.record(

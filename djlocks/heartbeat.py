@@ -40,7 +40,8 @@ class Heartbeat:
             due = time.monotonic() + grant.ttl / 3
             heapq.heappush(self._queue, (due, next(self._order), grant))
             self._ensure_thread()
-            self._wake.notify()
+            if self._queue[0][2] is grant:  # due before all others: the thread must re-plan
+                self._wake.notify()
 
     def discard(self, grant: Grant) -> None:
         with self._wake:

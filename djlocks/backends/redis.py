@@ -30,6 +30,7 @@ other than ``noeviction`` may evict leases (system check ``djlocks.W004``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -58,6 +59,7 @@ from djlocks.backends.base import (
 from djlocks.backends.redis_wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
+from djlocks.identity import Identity
 from djlocks.keys import redis_meta_key
 
 acquire_log = logging.getLogger("djlocks.acquire")
@@ -96,6 +98,11 @@ def _moment(ms: int | bytes | str) -> datetime:
 
 def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else (value or "")
+
+
+def _identity_json(identity: Identity) -> str:
+    """The holder's or waiter's identity as stored in Redis (JSON has no raw newline)."""
+    return json.dumps([identity.host, identity.pid, identity.thread, identity.label])
 
 
 def _token(secret: str, slot: int) -> str:
@@ -229,7 +236,6 @@ class RedisBackend(LockBackend):
                 woken.wait(pause if left is None else min(pause, left))
 
     def _attempt(self, request: AcquireRequest, secret: str, waiter: str, mode: str) -> _Attempt:
-        ident = request.identity
         reply = self._run(
             "acquire",
             request.name,
@@ -241,10 +247,7 @@ class RedisBackend(LockBackend):
             _ms(float(djlocks_settings()["WAITER_TTL"])),
             self._wakeups.ensure_channel() if mode != "try" else "",
             request.name,
-            ident.host,
-            ident.pid,
-            ident.thread,
-            ident.label,
+            _identity_json(request.identity),
         )
         status = int(reply[0])
         if status == LIMIT_MISMATCH:
@@ -330,24 +333,28 @@ class RedisBackend(LockBackend):
         return sorted(replies, key=lambda reply: _text(reply[1]))
 
     def holders(self, name: str | None = None) -> list[HolderInfo]:
-        return [
-            HolderInfo(
-                name=_text(reply[1]),
-                backend=self.alias,
-                slot=int(slot),
-                limit=int(reply[2]),
-                host=_text(host),
-                pid=int(pid or 0),
-                thread=_text(thread),
-                label=_text(label),
-                since=_moment(since),
-                expires_at=_moment(expires),
-                fence=int(fence),
-                token=_token(_text(secret), int(slot)),
-            )
-            for reply in self._described(name)
-            for slot, secret, fence, since, expires, host, pid, thread, label in reply[3]
-        ]
+        holders = []
+        for reply in self._described(name):
+            for slot, lease, expires in reply[3]:
+                secret, fence, since, identity = _text(lease).split("\n", 3)
+                host, pid, thread, label = json.loads(identity.split("\n")[0])
+                holders.append(
+                    HolderInfo(
+                        name=_text(reply[1]),
+                        backend=self.alias,
+                        slot=int(slot),
+                        limit=int(reply[2]),
+                        host=host,
+                        pid=pid,
+                        thread=thread,
+                        label=label,
+                        since=_moment(since),
+                        expires_at=_moment(expires),
+                        fence=int(fence),
+                        token=_token(secret, int(slot)),
+                    )
+                )
+        return holders
 
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return [
@@ -359,20 +366,24 @@ class RedisBackend(LockBackend):
         ]
 
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
-        return [
-            WaiterInfo(
-                name=_text(reply[1]),
-                backend=self.alias,
-                position=position,
-                host=_text(host),
-                pid=int(pid or 0),
-                thread=_text(thread),
-                label=_text(label),
-                since=_moment(since),
-            )
-            for reply in self._described(name)
-            for position, (since, host, pid, thread, label) in enumerate(reply[5])
-        ]
+        waiting = []
+        for reply in self._described(name):
+            for position, record in enumerate(reply[5]):
+                _, since, identity = _text(record).split("\n", 2)
+                host, pid, thread, label = json.loads(identity)
+                waiting.append(
+                    WaiterInfo(
+                        name=_text(reply[1]),
+                        backend=self.alias,
+                        position=position,
+                        host=host,
+                        pid=pid,
+                        thread=thread,
+                        label=label,
+                        since=_moment(since),
+                    )
+                )
+        return waiting
 
     def names(self) -> list[tuple[str, int]]:
         return [(_text(reply[1]), int(reply[2])) for reply in self._described(None)]

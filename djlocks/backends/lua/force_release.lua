@@ -4,9 +4,9 @@
 -- Returns how many grants ended.
 local ended = 0
 for i = 0, limit_of() - 1 do
-  local held = redis.call('HGET', slot_key(i), 'token')
-  if held and (ARGV[1] == '' or held == ARGV[1]) then
-    redis.call('DEL', slot_key(i))
+  local key = slot_key(i)
+  if (ARGV[1] == '' and redis.call('EXISTS', key) == 1) or held_by(key, ARGV[1]) then
+    redis.call('DEL', key)
     ended = ended + 1
   end
 end

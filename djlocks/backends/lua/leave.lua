@@ -5,12 +5,10 @@
 redis.call('ZREM', queue, ARGV[2])
 redis.call('DEL', waiter_key(ARGV[2]))
 local removed = 0
-if ARGV[1] ~= '' then
-  for i = 0, limit_of() - 1 do
-    if redis.call('HGET', slot_key(i), 'token') == ARGV[1] then
-      redis.call('DEL', slot_key(i))
-      removed = removed + 1
-    end
+for i = 0, limit_of() - 1 do
+  if held_by(slot_key(i), ARGV[1]) then
+    redis.call('DEL', slot_key(i))
+    removed = removed + 1
   end
 end
 wake_heads()

@@ -1,6 +1,9 @@
 -- Shared by every djlocks script; the script's own body follows.
--- KEYS[1] is the name's meta hash "<prefix>:{<name>}:m"; every other key of
--- the name shares its hash tag, so a script touches one Redis Cluster slot.
+-- KEYS[1] is the name's meta hash "<prefix>:{<name>}:m" (fields limit, fence,
+-- name, ticket); every other key of the name shares its hash tag, so a
+-- script touches one Redis Cluster slot. A slot's lease "s:<i>" is a string
+-- with a TTL: "<token>\n<fence>\n<since ms>\n<identity JSON>[\n<run id>]";
+-- a waiter's record "w:<id>" is "<channel>\n<since ms>\n<identity JSON>".
 local meta = KEYS[1]
 local base = string.sub(meta, 1, -2)
 local queue = base .. 'q'
@@ -18,20 +21,11 @@ end
 
 local function limit_of() return tonumber(redis.call('HGET', meta, 'limit') or '0') end
 
--- Slots with neither a holder nor a cool-down, and the milliseconds until the
--- soonest held or cooling slot frees by its TTL (nil if none will).
-local function free_slots(limit)
-  local free, soonest = {}, nil
-  for i = 0, limit - 1 do
-    local left = redis.call('PTTL', slot_key(i))
-    if left == -2 then left = redis.call('PTTL', cool_key(i)) end
-    if left == -2 then
-      free[#free + 1] = i
-    elseif left >= 0 and (soonest == nil or left < soonest) then
-      soonest = left
-    end
-  end
-  return free, soonest
+-- The lease's value if token holds it, else nil.
+local function held_by(key, token)
+  local value = redis.call('GET', key)
+  if value and string.sub(value, 1, #token + 1) == token .. '\n' then return value end
+  return nil
 end
 
 -- Walk the queue in ticket order, dropping waiters whose record expired (a
@@ -62,15 +56,14 @@ end
 -- too: its waiter learns how long the cool-down lasts). The wake-up is a
 -- hint; every waiter also polls, so a lost message delays, never strands.
 local function wake_heads()
-  local limit = limit_of()
+  if redis.call('ZCARD', queue) == 0 then return end
   local unheld = 0
-  for i = 0, limit - 1 do
+  for i = 0, limit_of() - 1 do
     if redis.call('EXISTS', slot_key(i)) == 0 then unheld = unheld + 1 end
   end
-  if unheld == 0 then return end
   walk_queue(function(id)
-    local channel = redis.call('HGET', waiter_key(id), 'channel')
-    if channel then redis.call('PUBLISH', channel, id) end
+    local record = redis.call('GET', waiter_key(id))
+    if record then redis.call('PUBLISH', string.match(record, '^[^\n]*'), id) end
     return false
   end, unheld)
 end

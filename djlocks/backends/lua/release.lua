@@ -3,9 +3,9 @@
 -- ARGV: 1 token, 2 slot, 3 cool-down ms (0: none). Returns 1, or 0 if the
 -- grant had already ended.
 local key = slot_key(ARGV[2])
-if redis.call('HGET', key, 'token') ~= ARGV[1] then return 0 end
+if not held_by(key, ARGV[1]) then return 0 end
 redis.call('DEL', key)
-if tonumber(ARGV[3]) > 0 then
+if ARGV[3] ~= '0' then
   redis.call('SET', cool_key(ARGV[2]), '1', 'PX', ARGV[3])
 end
 wake_heads()

@@ -5,16 +5,17 @@
 -- ARGV: 1 token, 2 slot, 3 ttl ms ('0': only check). Returns {1, expires ms}
 -- | {0} (ended) | {-2} (Redis restarted since the grant was stamped).
 local key = slot_key(ARGV[2])
-if redis.call('HGET', key, 'token') ~= ARGV[1] then return {0} end
+local lease = held_by(key, ARGV[1])
+if not lease then return {0} end
 local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
-local stamped = redis.call('HGET', key, 'run')
-if stamped and stamped ~= run_id then
+local stamped = string.match(lease, '\n(%x+)$')
+if stamped and #stamped == #run_id and stamped ~= run_id then
   redis.call('DEL', key)
   wake_heads()
   return {-2}
 end
 if ARGV[3] == '0' then return {1, -1} end
-if not stamped then redis.call('HSET', key, 'run', run_id) end
-redis.call('PEXPIRE', key, ARGV[3])
+if stamped ~= run_id then lease = lease .. '\n' .. run_id end
+redis.call('SET', key, lease, 'PX', ARGV[3])
 local now_ms = clock()
 return {1, now_ms + tonumber(ARGV[3])}

@@ -1,0 +1,239 @@
+"""BENCHMARKS.md workloads 1-4 on Redis: djlocks' Redis backend beside its peers.
+
+Contenders: djlocks ``redis`` (history on and off), redis-py's ``Lock`` (what
+django-redis's ``cache.lock`` returns) and python-redis-lock, all on the same
+Redis (``REDIS_URL``), in one run.
+
+* Floor: median ``PING`` through redis-py, before and after.
+* Uncontended: acquire+release pairs on one name, rounds interleaved.
+* Contended lock: 8 processes x 200 iterations of acquire -> read a counter
+  (``GET`` on the worker's own connection), write it + 1 (``SET``) -> release.
+  Reported: ops/s, lost updates, overlapping critical sections, hand-off
+  (previous holder's end of critical section -> next holder's acquire
+  returned, for holders that were already waiting), barging (after a release
+  while another process waited, how often the releaser got the lock straight
+  back), and wait p99 / max.
+* Semaphore (djlocks only; the peers have none): limit 3, 8 processes x 100,
+  5 ms hold, as a share of the 600 ops/s ideal; the most holders seen at once.
+
+Usage: DJLOCKS_DB=postgresql python bench/redis_locks.py [--quick]
+(the database only holds djlocks' event history). Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+import redis_lock  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
+
+from djlocks import Lock, Semaphore  # noqa: E402
+from djlocks.percentiles import percentile  # noqa: E402
+
+NAME = "bench:redis"
+COUNTER = "bench:redis:counter"
+CONTENDERS = (
+    "djlocks redis (history on)",
+    "djlocks redis (history off)",
+    "redis-py Lock",
+    "python-redis-lock",
+)
+Handle = tuple[Callable[[], object], Callable[[], object]]
+
+
+def client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def handle(contender: str, name: str = NAME) -> Handle:
+    """acquire() and release() of one lock, as the contender's users would write them."""
+    if contender.startswith("djlocks"):
+        lock = Lock(name, backend="redis", ttl=30)
+        return lock.acquire, lock.release
+    if contender == "redis-py Lock":
+        peer = client().lock(name, timeout=30)
+        return peer.acquire, peer.release
+    other = redis_lock.Lock(client(), name, expire=30)
+    return other.acquire, other.release
+
+
+def history(contender: str) -> Any:
+    return override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS": "off" not in contender})
+
+
+def floor_seconds(samples: int) -> float:
+    connection = client()
+    times = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        connection.ping()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def uncontended(pairs: int, rounds: int, floor: float) -> list[dict[str, Any]]:
+    times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    handles = {c: handle(c) for c in CONTENDERS}
+    for contender, (acquire, release) in handles.items():  # warm-up
+        with history(contender):
+            for _ in range(50):
+                acquire()
+                release()
+    for _ in range(rounds):
+        for contender, (acquire, release) in handles.items():
+            with history(contender):
+                for _ in range(pairs // rounds):
+                    began = time.perf_counter()
+                    acquire()
+                    release()
+                    times[contender].append(time.perf_counter() - began)
+    return [
+        {
+            "contender": contender,
+            "median_us": round(statistics.median(samples) * 1e6, 1),
+            "p99_us": round((percentile(samples, 99) or 0) * 1e6, 1),
+            "x_rtt": round(statistics.median(samples) / floor, 2),
+        }
+        for contender, samples in times.items()
+    ]
+
+
+def worker(contender: str, iterations: int, limit: int, hold: float, start: Any, out: Any) -> None:
+    """One contending process: its operations as (asked, got, done, pid) in monotonic ns."""
+    import django
+
+    django.setup()
+    own = client()
+    if limit > 1:
+        semaphore = Semaphore(NAME + ":sem", limit=limit, backend="redis", ttl=30)
+        acquire, release = semaphore.acquire, semaphore.release
+    else:
+        acquire, release = handle(contender)
+    records = []
+    with history(contender):
+        start.wait()
+        for _ in range(iterations):
+            asked = time.monotonic_ns()
+            acquire()
+            got = time.monotonic_ns()
+            value = int(own.get(COUNTER) or 0)
+            if hold:
+                time.sleep(hold)
+            own.set(COUNTER, value + 1)
+            done = time.monotonic_ns()
+            release()
+            records.append((asked, got, done, os.getpid()))
+    out.put(records)
+
+
+def contended(
+    contender: str, processes: int, iterations: int, limit: int = 1, hold: float = 0.0
+) -> dict[str, Any]:
+    context = multiprocessing.get_context("spawn")
+    client().set(COUNTER, 0)
+    start, out = context.Event(), context.Queue()
+    workers = [
+        context.Process(target=worker, args=(contender, iterations, limit, hold, start, out))
+        for _ in range(processes)
+    ]
+    for process in workers:
+        process.start()
+    time.sleep(3)  # every worker has started Django and is at the start line
+    began = time.monotonic()
+    start.set()
+    operations = sorted(
+        (record for _ in workers for record in out.get(timeout=600)), key=lambda r: r[1]
+    )
+    elapsed = time.monotonic() - began
+    for process in workers:
+        process.join(60)
+    expected = processes * iterations
+    result = {
+        "contender": contender,
+        "ops_per_s": round(expected / elapsed, 1),
+        "lost_updates": expected - int(client().get(COUNTER) or 0),
+        "max_concurrent": most_at_once(operations),
+    }
+    if limit == 1:
+        result.update(handoff_and_barging(operations))
+    else:
+        result["share_of_ideal"] = round(result["ops_per_s"] / (limit / hold), 3)
+    waits = [(got - asked) / 1e6 for asked, got, _, _ in operations]
+    result["wait_ms_p99"] = round(percentile(waits, 99) or 0, 2)
+    result["wait_ms_max"] = round(max(waits), 2)
+    return result
+
+
+def most_at_once(operations: list[tuple[int, int, int, int]]) -> int:
+    """The most critical sections (acquire returned -> counter written) open at one time."""
+    edges = sorted(
+        [(got, 1) for _, got, _, _ in operations] + [(done, -1) for _, _, done, _ in operations]
+    )
+    open_now = most = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    return most
+
+
+def handoff_and_barging(operations: list[tuple[int, int, int, int]]) -> dict[str, Any]:
+    handoffs, barged, contested = [], 0, 0
+    for previous, current in itertools.pairwise(operations):
+        _, _, released, holder = previous
+        someone_waited = any(
+            asked < released < got and pid != holder for asked, got, _, pid in operations
+        )
+        if not someone_waited:
+            continue
+        contested += 1
+        barged += current[3] == holder
+        if current[0] < released:  # the next holder was already waiting
+            handoffs.append((current[1] - released) / 1e6)
+    return {
+        "overlaps": sum(1 for a, b in itertools.pairwise(operations) if b[1] < a[2]),
+        "handoff_ms_p50": round(statistics.median(handoffs), 3) if handoffs else None,
+        "handoff_ms_p99": round(percentile(handoffs, 99) or 0, 3) if handoffs else None,
+        "barging_pct": round(100 * barged / contested, 1) if contested else 0.0,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    call_command("migrate", verbosity=0)
+    floor_before = floor_seconds(500)
+    pairs, rounds = (400, 4) if quick else (2000, 10)
+    floor = statistics.median([floor_before, floor_seconds(500)])
+    table = uncontended(pairs, rounds, floor)
+    iterations = 50 if quick else 200
+    lock_runs = [contended(contender, 8, iterations) for contender in CONTENDERS]
+    semaphore = contended(CONTENDERS[0], 8, 25 if quick else 100, limit=3, hold=0.005)
+    return {
+        "floor_us": round(floor * 1e6, 1),
+        "pairs": pairs,
+        "uncontended": table,
+        "contended": lock_runs,
+        "semaphore": semaphore,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("--quick" in sys.argv)))
