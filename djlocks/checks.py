@@ -4,10 +4,11 @@ and a lease backend that other processes could not see."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from django.core import checks
 from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.utils.module_loading import import_string
 
@@ -181,19 +182,71 @@ def check_row_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     return messages
 
 
-def _configured(base: type) -> Iterator[tuple[str, Any, str]]:
-    """(alias, backend class, database alias) of each configured backend of class ``base``.
+@register(Tags.database)
+def check_redis_stores(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """E008 the Redis backend on a cache that is not django-redis; W004 an eviction policy
+    that may delete leases; W005 Redis cannot be reached."""
+    from redis.exceptions import ResponseError
 
-    Backends that cannot be imported are left to ``check_settings``; an
-    unknown database alias to Django's own checks.
+    from djlocks.backends import backends
+    from djlocks.backends.redis import RedisBackend
+
+    messages: list[CheckMessage] = []
+    for alias, _backend_class, _options in _configured_options(RedisBackend):
+        try:
+            client = cast(RedisBackend, backends[alias]).redis()
+            policy = client.config_get("maxmemory-policy").get("maxmemory-policy", "noeviction")
+        except ImproperlyConfigured as exc:
+            messages.append(Error(str(exc), hint=REDIS_CACHE_HINT, id="djlocks.E008"))
+            continue
+        except ResponseError:
+            continue  # CONFIG is disabled (managed Redis): the policy cannot be read
+        except Exception as exc:
+            messages.append(
+                checks.Warning(
+                    f"djlocks backend {alias!r} cannot reach Redis: {exc}",
+                    hint="Start redis-server, or fix the cache's LOCATION.",
+                    id="djlocks.W005",
+                )
+            )
+            continue
+        if policy != "noeviction":
+            messages.append(
+                checks.Warning(
+                    f"djlocks backend {alias!r}: Redis evicts keys (maxmemory-policy={policy}) "
+                    f"when it is full, and an evicted lease is a lock granted twice.",
+                    hint="Set maxmemory-policy noeviction, or give locks a Redis of their own.",
+                    id="djlocks.W004",
+                )
+            )
+    return messages
+
+
+REDIS_CACHE_HINT = (
+    "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is 'django_redis.cache.RedisCache'."
+)
+
+
+def _configured_options(base: type) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """(alias, backend class, OPTIONS) of each configured backend of class ``base``.
+
+    Backends that cannot be imported are left to ``check_settings``.
     """
     for alias, spec in djlocks_settings()["BACKENDS"].items():
         try:
             backend_class = import_string(spec["BACKEND"])
         except (ImportError, KeyError, TypeError):
             continue
-        if not (isinstance(backend_class, type) and issubclass(backend_class, base)):
-            continue
-        using = spec.get("OPTIONS", {}).get("using", "default")
+        if isinstance(backend_class, type) and issubclass(backend_class, base):
+            yield alias, backend_class, spec.get("OPTIONS", {})
+
+
+def _configured(base: type) -> Iterator[tuple[str, Any, str]]:
+    """(alias, backend class, database alias) of each configured backend of class ``base``.
+
+    An unknown database alias is left to Django's own checks.
+    """
+    for alias, backend_class, options in _configured_options(base):
+        using = options.get("using", "default")
         if using in connections:
             yield alias, backend_class, using

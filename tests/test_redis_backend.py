@@ -21,6 +21,7 @@ from typing import cast
 
 import pytest
 import redis
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
@@ -264,7 +265,7 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.start()
     settings = {
         "CACHES": {
-            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            **django_settings.CACHES,
             "private": {
                 "BACKEND": "django_redis.cache.RedisCache",
                 "LOCATION": f"redis://127.0.0.1:{server.port}/0",
@@ -396,3 +397,31 @@ def test_24_runlocked_on_redis(tmp_path: Path) -> None:
     killed = time.monotonic()
     with lock("r:cron", timeout=5):
         assert time.monotonic() - killed < 1.5 + 0.5
+
+
+def test_system_checks_warn_of_eviction_and_refuse_other_caches(
+    private_redis: PrivateRedis,
+) -> None:
+    from djlocks.checks import check_redis_stores
+
+    assert {m.id for m in check_redis_stores()} == set()
+    redis.Redis(port=private_redis.port).config_set("maxmemory-policy", "allkeys-lru")
+    assert {m.id for m in check_redis_stores()} == {"djlocks.W004"}
+    spec = {"BACKEND": "djlocks.backends.redis.RedisBackend"}
+    down = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    with override_settings(
+        CACHES={
+            "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+            "down": down,
+        },
+        DJLOCKS={
+            "BACKENDS": {
+                "local": {**spec, "OPTIONS": {"cache": "default"}},
+                "down": {**spec, "OPTIONS": {"cache": "down"}},
+            }
+        },
+    ):
+        assert {m.id for m in check_redis_stores()} == {"djlocks.E008", "djlocks.W005"}
