@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): requirements.txt pyproject.toml
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
 	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q libmariadb-dev pkg-config)
+	@command -v redis-server >/dev/null || \
+	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q redis-server)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -43,6 +45,7 @@ test-mysql: setup
 
 # BENCHMARKS.md's workloads on the three databases; QUICK=1 for a short run.
 bench: setup
+	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) bench/run.py $(if $(QUICK),--quick)
 
 lint: setup

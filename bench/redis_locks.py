@@ -171,10 +171,10 @@ def contended(
     result = {
         "contender": contender,
         "ops_per_s": round(expected / elapsed, 1),
-        "lost_updates": expected - int(client().get(COUNTER) or 0),
         "max_concurrent": most_at_once(operations),
     }
-    if limit == 1:
+    if limit == 1:  # with 3 holders the counter is meant to lose updates
+        result["lost_updates"] = expected - int(client().get(COUNTER) or 0)
         result.update(handoff_and_barging(operations))
     else:
         result["share_of_ideal"] = round(result["ops_per_s"] / (limit / hold), 3)

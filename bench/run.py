@@ -87,16 +87,59 @@ def render(report: dict[str, Any]) -> str:
             f"| {run['database']} | {run['overview_page_s']} s | {run['overview_search_s']} s | "
             f"{run['overview_json_s']} s | {run['name_page_s']} s | {run['list_json_s']} s |"
         )
+    lines += render_redis(report["redis_locks"])
     lines += [
         "",
         "## Not measured yet",
         "",
-        "Workloads 3 (contended lock: ops/s, hand-off, barging), 4 (semaphore), 5 "
-        "(runlocked; figures in the README from its own test), the 1,000 waiters on one "
-        "name, and the packaged peers (django-mysql, django-pglock, redis-py, "
-        "python-redis-lock, django-db-mutex) join this harness next (issue 9).",
+        "Workloads 3 and 4 on the databases, 5 (runlocked; figures in the README from its "
+        "own test), the 1,000 waiters on one name, and the database peers (django-mysql, "
+        "django-pglock, django-db-mutex) join this harness next (issue 9).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def render_redis(run: dict[str, Any]) -> list[str]:
+    """Workloads 1-4 on Redis, djlocks beside redis-py's Lock and python-redis-lock."""
+    lines = [
+        "",
+        "## Redis: djlocks beside its peers (workloads 1-4)",
+        "",
+        f"Floor: median `PING` {run['floor_us']} µs. Uncontended: {run['pairs']} pairs, "
+        "rounds interleaved.",
+        "",
+        "| contender | median | p99 | x RTT |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in run["uncontended"]:
+        lines.append(
+            f"| {row['contender']} | {row['median_us']} µs | {row['p99_us']} µs | {row['x_rtt']} |"
+        )
+    peer = next(r for r in run["contended"] if r["contender"] == "python-redis-lock")
+    lines += [
+        "",
+        "Contended lock: 8 processes, each acquire -> GET counter -> SET counter + 1 -> "
+        "release. `vs prl`: ops/s over python-redis-lock's in the same run.",
+        "",
+        "| contender | ops/s | vs prl | lost updates | overlaps | hand-off p50 / p99 "
+        "| barging | wait p99 / max |",
+        "|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for row in run["contended"]:
+        lines.append(
+            f"| {row['contender']} | {row['ops_per_s']} | "
+            f"{row['ops_per_s'] / peer['ops_per_s']:.2f} | {row['lost_updates']} | "
+            f"{row['overlaps']} | {row['handoff_ms_p50']} / {row['handoff_ms_p99']} ms | "
+            f"{row['barging_pct']} % | {row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
+        )
+    semaphore = run["semaphore"]
+    lines += [
+        "",
+        f"Semaphore (limit 3, 8 processes, 5 ms hold; the peers have none): "
+        f"{semaphore['ops_per_s']} ops/s = {semaphore['share_of_ideal']:.0%} of the 600 ops/s "
+        f"ideal, at most {semaphore['max_concurrent']} holders at once.",
+    ]
+    return lines
 
 
 def main() -> None:
@@ -107,6 +150,8 @@ def main() -> None:
     }
     for workload in WORKLOADS:
         report[workload] = [measure(workload, database, quick) for database in DATABASES]
+    # Redis's own figures; the database only keeps the history of the "history on" runs.
+    report["redis_locks"] = measure("redis_locks", "postgresql", quick)
     docs = ROOT / "docs"
     docs.mkdir(exist_ok=True)
     (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
