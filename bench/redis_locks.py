@@ -131,6 +131,8 @@ def worker(contender: str, iterations: int, limit: int, hold: float, start: Any,
         acquire, release = handle(contender)
     records = []
     with history(contender):
+        acquire()  # warm-up: connections, scripts, the wake-up subscription
+        release()
         start.wait()
         for _ in range(iterations):
             asked = time.monotonic_ns()

@@ -12,10 +12,12 @@ cool-downs and the holder's identity.
   are free, so nobody barges past the queue. Waiters queue in a sorted set by
   ticket; each waiter's record expires ``WAITER_TTL`` seconds after its last
   attempt, so a dead waiter drops out on its own.
-* A release publishes the next waiter's id on its process's channel
-  (``redis_wakeups``); waiters also retry every ``POLL_INTERVAL`` seconds at
-  most, and when the soonest lease or cool-down ends, so a lost wake-up costs
-  one poll (G5).
+* A release hands the freed slot to the next live waiter in the same script
+  (the grant is made there, with its fence) and publishes it on the waiter's
+  process's channel (``redis_wakeups``): the waiter needs no further round
+  trip. Waiters also retry every ``POLL_INTERVAL`` seconds at most, and when
+  the soonest lease or cool-down ends, and find a hand-off whose message was
+  lost in their record: a lost wake-up costs one poll (G5).
 * The fence is one more than the name's last fence and never below Redis's
   clock in microseconds, so it keeps rising when Redis restarts empty. The
   first renewal stamps Redis's run id on the grant: a grant restored from
@@ -110,6 +112,12 @@ def _token(secret: str, slot: int) -> str:
     return f"{secret}.{slot}"
 
 
+def _handed_grant(secret: str, message: str) -> GrantRecord:
+    """The grant a release handed this waiter: ``granted\n<slot>\n<fence>\n<expires ms>``."""
+    _, slot, fence, expires_ms = message.split("\n")
+    return GrantRecord(_token(secret, int(slot)), int(slot), int(fence), _moment(expires_ms))
+
+
 def _split_token(token: str) -> tuple[str, int]:
     secret, _, slot = token.rpartition(".")
     return secret, int(slot)
@@ -195,54 +203,62 @@ class RedisBackend(LockBackend):
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
-        secret = secrets.token_hex(16)
-        waiter = secrets.token_hex(8)
-        once = deadline is not None and time.monotonic() >= deadline
+        secret = secrets.token_hex(16)  # the grant's secret, and the waiter's id in the queue
+        if deadline is not None and time.monotonic() >= deadline:
+            try:
+                return self._attempt(request, secret, "try").grant
+            except BaseException:
+                self._leave(request.name, secret)  # the outcome is unknown: clean up by token
+                raise
         try:
-            attempt = self._attempt(request, secret, waiter, "try" if once else "join")
-            if attempt.grant is not None or once:
-                return attempt.grant
-            grant = self._wait_in_queue(request, secret, waiter, deadline, abort)
+            grant = self._wait_in_queue(request, secret, deadline, abort)
         except BaseException:
-            self._leave(request.name, secret, waiter)  # the outcome is unknown: clean up by token
+            self._leave(request.name, secret)
             raise
         if grant is None:
-            self._leave(request.name, secret, waiter)
+            self._leave(request.name, secret)
         return grant
 
     def _wait_in_queue(
-        self,
-        request: AcquireRequest,
-        secret: str,
-        waiter: str,
-        deadline: float | None,
-        abort: Abort | None,
+        self, request: AcquireRequest, secret: str, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
-        """Wait for a wake-up, the soonest lease end or the poll bound; try again; repeat."""
+        """Try; if not granted, queue and wait for a release to hand this waiter a slot,
+        trying again at the soonest lease end or the poll bound (a lost message, a
+        crashed holder, a cool-down).
+
+        The wake-up is registered before the first try, so a hand-off that follows
+        the queueing at once is never missed.
+        """
         poll = float(djlocks_settings()["POLL_INTERVAL"])
+        mode = "join"
         with (
-            self._wakeups.waiting(waiter) as woken,
-            abort.cancelling(woken.set) if abort is not None else contextlib.nullcontext(),
+            self._wakeups.waiting(secret) as wake,
+            abort.cancelling(wake.event.set) if abort is not None else contextlib.nullcontext(),
         ):
             while True:
-                woken.clear()
-                attempt = self._attempt(request, secret, waiter, "wait")
+                attempt = self._attempt(request, secret, mode)
                 if attempt.grant is not None:
                     return attempt.grant
                 left = seconds_left(deadline)
                 if left == 0 or (abort is not None and abort.is_set()):
                     return None
                 pause = min(poll, attempt.soonest if attempt.soonest is not None else poll)
-                woken.wait(pause if left is None else min(pause, left))
+                if wake.message is None:
+                    wake.event.wait(pause if left is None else min(pause, left))
+                if abort is not None and abort.is_set():
+                    return None
+                if wake.message is not None:
+                    return _handed_grant(secret, wake.message)
+                wake.event.clear()
+                mode = "wait"
 
-    def _attempt(self, request: AcquireRequest, secret: str, waiter: str, mode: str) -> _Attempt:
+    def _attempt(self, request: AcquireRequest, secret: str, mode: str) -> _Attempt:
         reply = self._run(
             "acquire",
             request.name,
             secret,
             request.limit,
             _ms(request.ttl),
-            waiter,
             mode,
             _ms(float(djlocks_settings()["WAITER_TTL"])),
             self._wakeups.ensure_channel() if mode != "try" else "",
@@ -258,10 +274,11 @@ class RedisBackend(LockBackend):
         slot, fence, expires_ms = int(reply[1]), int(reply[2]), int(reply[3])
         return _Attempt(GrantRecord(_token(secret, slot), slot, fence, _moment(expires_ms)))
 
-    def _leave(self, name: str, secret: str, waiter: str) -> None:
-        """Leave the queue and drop any grant of ``secret`` (an acquire that ended unknown)."""
+    def _leave(self, name: str, secret: str) -> None:
+        """Leave the queue and drop any grant of ``secret`` (handed over meanwhile, or
+        granted by an acquire whose reply was lost)."""
         try:
-            self._run("leave", name, secret, waiter)
+            self._run("leave", name, secret)
         except BackendUnavailable as exc:
             acquire_log.warning(
                 "could not leave the queue of %r (%s); the waiter record expires by itself "
@@ -369,7 +386,7 @@ class RedisBackend(LockBackend):
         waiting = []
         for reply in self._described(name):
             for position, record in enumerate(reply[5]):
-                _, since, identity = _text(record).split("\n", 2)
+                _, since, _, identity = _text(record).split("\n", 3)
                 host, pid, thread, label = json.loads(identity)
                 waiting.append(
                     WaiterInfo(

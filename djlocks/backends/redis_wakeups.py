@@ -1,8 +1,9 @@
 """Wake-ups for the Redis backend's waiters: one pub/sub subscription per process.
 
-A waiter's record in Redis names this process's channel; when a slot frees,
-the releasing script publishes the waiter's id there and the listener thread
-sets that waiter's ``threading.Event``. Waiting on a local event keeps every
+A waiter's record in Redis names this process's channel; when a release
+hands a waiter a slot, the releasing script publishes the waiter's id and the
+grant there, and the listener thread gives the grant to that waiter's
+``Wake`` and sets its event. Waiting on a local event keeps every
 time-out exact (Redis times out blocked commands only on its ``hz`` tick,
 100 ms by default) and costs one connection per process, not one per waiter.
 
@@ -33,6 +34,15 @@ SUBSCRIBE_WAIT = 1.0  # seconds a first waiter waits for the subscription to be 
 RECONNECT_PAUSE = 0.2  # seconds between attempts while Redis cannot be reached
 
 
+class Wake:
+    """What a waiting thread waits on: ``event`` is set when ``message`` arrives (or to
+    cut the wait short, e.g. on cancellation)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.message: str | None = None
+
+
 class _Run:
     """One run of the listener thread: its stop flag and whether its subscription is live."""
 
@@ -49,24 +59,24 @@ class WakeListener:
         self._client = client
         self._prefix = prefix
         self._guard = threading.Lock()
-        self._events: dict[str, threading.Event] = {}
+        self._waiting: dict[str, Wake] = {}
         self._run: _Run | None = None
         self._pid = 0
         self.channel = ""
 
     @contextlib.contextmanager
-    def waiting(self, waiter_id: str) -> Iterator[threading.Event]:
-        """An event set whenever a release wakes ``waiter_id``; listens while the block runs."""
-        event = threading.Event()
+    def waiting(self, waiter_id: str) -> Iterator[Wake]:
+        """The ``Wake`` of ``waiter_id`` while the block runs (the listener runs meanwhile)."""
+        wake = Wake()
         with self._guard:
-            self._events[waiter_id] = event
+            self._waiting[waiter_id] = wake
             run = self._running()
         run.subscribed.wait(SUBSCRIBE_WAIT)
         try:
-            yield event
+            yield wake
         finally:
             with self._guard:
-                self._events.pop(waiter_id, None)
+                self._waiting.pop(waiter_id, None)
 
     def ensure_channel(self) -> str:
         """This process's channel name (fixed per process; a forked child gets its own)."""
@@ -82,7 +92,7 @@ class WakeListener:
             secrets.token_hex(4)
         )
         self._run = None
-        self._events.clear()
+        self._waiting.clear()
 
     def _running(self) -> _Run:
         """The live listener run, started if there is none (call with the guard held)."""
@@ -108,7 +118,7 @@ class WakeListener:
     def _idle_too_long(self, run: _Run, idle_since: float | None) -> tuple[bool, float | None]:
         """Whether ``run`` should end for lack of waiters; the idle start, updated."""
         with self._guard:
-            if self._events:
+            if self._waiting:
                 return False, None
             now = time.monotonic()
             if idle_since is None:
@@ -144,10 +154,12 @@ class WakeListener:
                 if message["type"] == "subscribe":
                     run.subscribed.set()
                 elif message["type"] == "message":
+                    waiter_id, _, payload = message["data"].decode().partition("\n")
                     with self._guard:
-                        event = self._events.get(message["data"].decode())
-                    if event is not None:
-                        event.set()
+                        wake = self._waiting.get(waiter_id)
+                    if wake is not None:
+                        wake.message = payload
+                        wake.event.set()
         finally:
             run.subscribed.clear()
             with contextlib.suppress(RedisError):

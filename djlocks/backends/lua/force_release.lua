@@ -5,10 +5,11 @@
 local ended = 0
 for i = 0, limit_of() - 1 do
   local key = slot_key(i)
-  if (ARGV[1] == '' and redis.call('EXISTS', key) == 1) or held_by(key, ARGV[1]) then
-    redis.call('DEL', key)
+  local lease = ARGV[1] == '' and redis.call('GET', key) or held_by(key, ARGV[1])
+  if lease then
+    redis.call('DEL', key, waiter_key(string.match(lease, '^[^\n]*')))
     ended = ended + 1
   end
 end
-if ended > 0 then wake_heads() end
+if ended > 0 then hand_off() end
 return ended

@@ -1,9 +1,9 @@
 -- A waiter gives up (time-out, cancellation) or an acquire ended in an
--- unknown state: remove waiter ARGV[2] and any grant of token ARGV[1], then
--- pass the wake-up on, so the next waiter is not left behind this one.
+-- unknown state: remove the waiter and any grant of secret ARGV[1] (one a
+-- release may have handed it meanwhile), and hand what that frees onward.
 -- Returns how many grants it removed.
-redis.call('ZREM', queue, ARGV[2])
-redis.call('DEL', waiter_key(ARGV[2]))
+redis.call('ZREM', queue, ARGV[1])
+redis.call('DEL', waiter_key(ARGV[1]))
 local removed = 0
 for i = 0, limit_of() - 1 do
   if held_by(slot_key(i), ARGV[1]) then
@@ -11,5 +11,5 @@ for i = 0, limit_of() - 1 do
     removed = removed + 1
   end
 end
-wake_heads()
+hand_off()
 return removed

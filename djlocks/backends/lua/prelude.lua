@@ -3,7 +3,9 @@
 -- name, ticket); every other key of the name shares its hash tag, so a
 -- script touches one Redis Cluster slot. A slot's lease "s:<i>" is a string
 -- with a TTL: "<token>\n<fence>\n<since ms>\n<identity JSON>[\n<run id>]";
--- a waiter's record "w:<id>" is "<channel>\n<since ms>\n<identity JSON>".
+-- a waiter's record "w:<secret>" (a waiter's id is its grant's secret) is
+-- "<channel>\n<since ms>\n<ttl ms>\n<identity JSON>" while it waits and
+-- "granted\n<slot>\n<fence>\n<expires ms>" once a release handed it a slot.
 local meta = KEYS[1]
 local base = string.sub(meta, 1, -2)
 local queue = base .. 'q'
@@ -52,18 +54,39 @@ local function walk_queue(visit, cap)
   return passed
 end
 
--- Wake the first waiters, one per slot that has no holder (a cooling slot
--- too: its waiter learns how long the cool-down lasts). The wake-up is a
--- hint; every waiter also polls, so a lost message delays, never strands.
-local function wake_heads()
+-- Write slot's lease for secret with the next fence: never below the last
+-- one, and never below Redis's clock in microseconds, so a Redis that
+-- restarts empty still issues higher fences. Returns the fence and the expiry.
+local function grant(slot, secret, ttl_ms, identity)
+  local now_ms, now_us = clock()
+  local fence = string.format('%.0f',
+    math.max(tonumber(redis.call('HGET', meta, 'fence') or '0') + 1, now_us))
+  redis.call('HSET', meta, 'fence', fence)
+  redis.call('SET', slot_key(slot), secret .. '\n' .. fence .. '\n' .. now_ms .. '\n' .. identity,
+    'PX', ttl_ms)
+  return fence, now_ms + tonumber(ttl_ms)
+end
+
+-- Hand each free slot (neither held nor cooling) to the next live waiter: the
+-- slot is granted here, the waiter's record says so, and a message on its
+-- process's channel brings it the grant with no further round trip. If the
+-- message is lost, the waiter finds the record at its next poll.
+local function hand_off()
   if redis.call('ZCARD', queue) == 0 then return end
-  local unheld = 0
   for i = 0, limit_of() - 1 do
-    if redis.call('EXISTS', slot_key(i)) == 0 then unheld = unheld + 1 end
+    if redis.call('EXISTS', slot_key(i), cool_key(i)) == 0 then
+      local id, record
+      walk_queue(function(candidate)
+        id, record = candidate, redis.call('GET', waiter_key(candidate))
+        return true
+      end, 1)
+      if not record then return end
+      local channel, ttl, identity = string.match(record, '^([^\n]*)\n[^\n]*\n([^\n]*)\n(.*)$')
+      local fence, expires = grant(i, id, ttl, identity)
+      local handed = 'granted\n' .. i .. '\n' .. fence .. '\n' .. expires
+      redis.call('ZREM', queue, id)
+      redis.call('SET', waiter_key(id), handed, 'KEEPTTL')
+      redis.call('PUBLISH', channel, id .. '\n' .. handed)
+    end
   end
-  walk_queue(function(id)
-    local record = redis.call('GET', waiter_key(id))
-    if record then redis.call('PUBLISH', string.match(record, '^[^\n]*'), id) end
-    return false
-  end, unheld)
 end

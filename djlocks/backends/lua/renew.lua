@@ -11,7 +11,7 @@ local run_id = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
 local stamped = string.match(lease, '\n(%x+)$')
 if stamped and #stamped == #run_id and stamped ~= run_id then
   redis.call('DEL', key)
-  wake_heads()
+  hand_off()
   return {-2}
 end
 if ARGV[3] == '0' then return {1, -1} end

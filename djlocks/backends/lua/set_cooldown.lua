@@ -4,7 +4,7 @@ local slot = tonumber(ARGV[1])
 if slot < 0 or slot >= limit_of() then return -1 end
 if ARGV[2] == '0' then
   redis.call('DEL', cool_key(slot))
-  wake_heads()
+  hand_off()
   return 0
 end
 redis.call('SET', cool_key(slot), '1', 'PX', ARGV[2])
