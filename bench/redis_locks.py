@@ -4,7 +4,7 @@ Contenders: djlocks ``redis`` (history on and off), redis-py's ``Lock`` (what
 django-redis's ``cache.lock`` returns) and python-redis-lock, all on the same
 Redis (``REDIS_URL``), in one run.
 
-* Floor: median ``PING`` through redis-py, before and after.
+* Floor: median ``PING`` through redis-py, sampled between the batches.
 * Uncontended: acquire+release pairs on one name, rounds interleaved.
 * Contended lock: 8 processes x 200 iterations of acquire -> read a counter
   (``GET`` on the worker's own connection), write it + 1 (``SET``) -> release.
@@ -81,19 +81,21 @@ def history(contender: str) -> Any:
     return override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS": "off" not in contender})
 
 
-def floor_seconds(samples: int) -> float:
-    connection = client()
+def ping_seconds(connection: redis.Redis, samples: int) -> list[float]:
     times = []
     for _ in range(samples):
         began = time.perf_counter()
         connection.ping()
         times.append(time.perf_counter() - began)
-    return statistics.median(times)
+    return times
 
 
-def uncontended(pairs: int, rounds: int, floor: float) -> list[dict[str, Any]]:
+def uncontended(pairs: int, rounds: int) -> tuple[float, list[dict[str, Any]]]:
+    """The floor (median ``PING``, sampled between every batch) and each contender's pairs."""
     times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
     handles = {c: handle(c) for c in CONTENDERS}
+    pinger = client()
+    pings = ping_seconds(pinger, 100)
     for contender, (acquire, release) in handles.items():  # warm-up
         with history(contender):
             for _ in range(50):
@@ -101,13 +103,15 @@ def uncontended(pairs: int, rounds: int, floor: float) -> list[dict[str, Any]]:
                 release()
     for _ in range(rounds):
         for contender, (acquire, release) in handles.items():
+            pings += ping_seconds(pinger, 20)
             with history(contender):
                 for _ in range(pairs // rounds):
                     began = time.perf_counter()
                     acquire()
                     release()
                     times[contender].append(time.perf_counter() - began)
-    return [
+    floor = statistics.median(pings)
+    return floor, [
         {
             "contender": contender,
             "median_us": round(statistics.median(samples) * 1e6, 1),
@@ -221,10 +225,8 @@ def handoff_and_barging(operations: list[tuple[int, int, int, int]]) -> dict[str
 
 def run(quick: bool) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
-    floor_before = floor_seconds(500)
     pairs, rounds = (400, 4) if quick else (2000, 10)
-    floor = statistics.median([floor_before, floor_seconds(500)])
-    table = uncontended(pairs, rounds, floor)
+    floor, table = uncontended(pairs, rounds)
     iterations = 50 if quick else 200
     lock_runs = [contended(contender, 8, iterations) for contender in CONTENDERS]
     semaphore = contended(CONTENDERS[0], 8, 25 if quick else 100, limit=3, hold=0.005)

@@ -105,8 +105,8 @@ def render_redis(run: dict[str, Any]) -> list[str]:
         "",
         "## Redis: djlocks beside its peers (workloads 1-4)",
         "",
-        f"Floor: median `PING` {run['floor_us']} µs. Uncontended: {run['pairs']} pairs, "
-        "rounds interleaved.",
+        f"Floor: median `PING` {run['floor_us']} µs, sampled between the batches. "
+        f"Uncontended: {run['pairs']} pairs, rounds interleaved.",
         "",
         "| contender | median | p99 | x RTT |",
         "|---|---:|---:|---:|",
