@@ -204,16 +204,13 @@ class RedisBackend(LockBackend):
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
         secret = secrets.token_hex(16)  # the grant's secret, and the waiter's id in the queue
-        if deadline is not None and time.monotonic() >= deadline:
-            try:
-                return self._attempt(request, secret, "try").grant
-            except BaseException:
-                self._leave(request.name, secret)  # the outcome is unknown: clean up by token
-                raise
+        once = deadline is not None and time.monotonic() >= deadline
         try:
+            if once:
+                return self._attempt(request, secret, "try").grant
             grant = self._wait_in_queue(request, secret, deadline, abort)
         except BaseException:
-            self._leave(request.name, secret)
+            self._leave(request.name, secret)  # the outcome is unknown: clean up by token
             raise
         if grant is None:
             self._leave(request.name, secret)
