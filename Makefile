@@ -24,6 +24,10 @@ demo: setup
 	$(PY) manage.py djlocks stress --processes 8 --iterations 100
 	$(PY) manage.py djlocks stress --processes 8 --iterations 50 --limit 3 --hold-ms 5
 	$(PY) manage.py djlocks stress --processes 8 --iterations 10 --via runlocked
+	@if [ -n "$$REDIS_URL" ]; then \
+	  $(PY) manage.py djlocks stress --backend redis --processes 8 --iterations 100; \
+	  $(PY) manage.py djlocks stress --backend redis --processes 8 --iterations 50 --limit 3 --hold-ms 5; \
+	fi
 	DJANGO_SUPERUSER_PASSWORD=demo $(PY) manage.py createsuperuser --noinput \
 	  --username demo --email demo@example.com 2>/dev/null || true
 	@echo "Admin: http://127.0.0.1:8000/admin/djlocks/lockname/  (user demo, password demo)"

@@ -112,7 +112,8 @@ class DashboardAdmin(ReadOnlyAdmin):
     # -- the overview ---------------------------------------------------------
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        page, query = self._overview_page(request)
+        page, query, unavailable = self._overview_page(request)
+        _warn_unavailable(request, unavailable)
         now = timezone.now()
         context = {
             **self._context(request, "Locks and semaphores"),
@@ -133,7 +134,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/djlocks/dashboard/overview.html", context)
 
     def overview_json(self, request: HttpRequest) -> JsonResponse:
-        page, _ = self._overview_page(request)
+        page, _, unavailable = self._overview_page(request)
         now = timezone.now()
         return JsonResponse(
             {
@@ -142,10 +143,14 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "page": page.number,
                 "pages": page.paginator.num_pages,
                 "rows": [self._overview_row(row, now) for row in page.object_list],
+                "unavailable": unavailable,
             }
         )
 
-    def _overview_page(self, request: HttpRequest) -> tuple[Page[Any], dict[str, str]]:
+    def _overview_page(
+        self, request: HttpRequest
+    ) -> tuple[Page[Any], dict[str, str], dict[str, str]]:
+        """A page of the overview, its query, and the backends that could not be asked."""
         self._require(request, self.has_view_permission(request))
         query = {
             key: request.GET[key].strip()
@@ -155,15 +160,16 @@ class DashboardAdmin(ReadOnlyAdmin):
         backend = query.get("backend")
         if backend is not None and backend not in backends.aliases():
             raise Http404(f"No djlocks backend is configured under the alias {backend!r}.")
+        found, unavailable = overview(backend)
         rows = select(
-            overview(backend),
+            found,
             now=timezone.now(),
             search=query.get("q", ""),
             state=query.get("state", ""),
             order=query.get("o", "name"),
         )
         page = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
-        return page, query
+        return page, query, unavailable
 
     def _overview_row(self, row: NameSummary, now: datetime) -> dict[str, Any]:
         return {**row.as_json(now), "url": _name_url(row.backend, row.name)}
@@ -172,6 +178,7 @@ class DashboardAdmin(ReadOnlyAdmin):
 
     def name_view(self, request: HttpRequest) -> HttpResponse:
         data = self._name_data(request)
+        _warn_unavailable(request, data["unavailable"])
         context = {
             **self._context(request, data["name"]),
             **data,
@@ -221,7 +228,8 @@ class DashboardAdmin(ReadOnlyAdmin):
             "now": now,
             "backend": backend,
             "name": name,
-            "limit": _limit(backend, name, found.holders),
+            "limit": None if found.unavailable else _limit(backend, name, found.holders),
+            "unavailable": found.unavailable,
             "holders": holders,
             "waiters": waiters,
             "cooldowns": cooldowns,
@@ -383,6 +391,12 @@ def _limit(backend: str, name: str, holders: list[HolderInfo]) -> int | None:
     if holders:
         return holders[0].limit
     return dict(backends[backend].names()).get(name)
+
+
+def _warn_unavailable(request: HttpRequest, unavailable: dict[str, str]) -> None:
+    """Say on the page which stores could not be asked (their rows are missing)."""
+    for alias, reason in unavailable.items():
+        messages.warning(request, f"Backend {alias!r} could not be asked: {reason}")
 
 
 def _name_url(backend: str, name: str) -> str:

@@ -4,6 +4,7 @@ and a ``threading.Lock``-like handle."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -27,7 +28,7 @@ from djlocks.backends import backends
 from djlocks.backends.base import Abort, AcquireRequest, LockBackend
 from djlocks.conf import djlocks_settings
 from djlocks.events import Kind, events
-from djlocks.exceptions import LockLost, NotAcquired, NotHeld
+from djlocks.exceptions import BackendUnavailable, LockLost, NotAcquired, NotHeld
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import current_identity
@@ -150,7 +151,9 @@ class Lock:
 
         ``abort`` (``djlocks.backends.base.Abort``) set by another thread ends the wait
         early with ``None``. The grant is released with ``grant.release()``
-        from any thread, or with ``release()`` from the acquiring one.
+        from any thread, or with ``release()`` from the acquiring one. A lease
+        whose reply arrived after it could have run out (a stalled network or
+        process) is given back and ``None`` returned: it must not be believed.
         """
         wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
         if not blocking:
@@ -175,6 +178,15 @@ class Lock:
                 events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
         grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
+        if time.monotonic() >= grant.believe_until():
+            # The reply took so long that the lease may already have run out (G2,
+            # RELIABILITY item 8): the caller must not believe it; give it back by token.
+            acquire_log.warning(
+                "the grant of %s arrived after its lease could have ended; given back", self.name
+            )
+            with contextlib.suppress(LockLost, BackendUnavailable):
+                backend.release(self.name, record.token, 0)
+            return None
         if self.renew:
             heartbeat.add(grant)
         with self._held_guard:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from djlocks.backends import backends
+from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import Snapshot, snapshot
 
 #: A lease whose expiry is this many seconds away, or past, counts as expiring.
@@ -128,11 +129,19 @@ def summaries(found: Snapshot, known: Mapping[tuple[str, str], int]) -> list[Nam
     return list(rows.values())
 
 
-def overview(backend: str | None = None) -> list[NameSummary]:
-    """Every name of every backend (or of ``backend``), as the stores answer now."""
-    aliases = [backend] if backend else backends.aliases()
-    known = {(alias, name): limit for alias in aliases for name, limit in backends[alias].names()}
-    return summaries(snapshot(backend=backend), known)
+def overview(backend: str | None = None) -> tuple[list[NameSummary], dict[str, str]]:
+    """Every name of every backend (or of ``backend``), as the stores answer now; and the
+    backends that could not be asked, with the reason."""
+    found = snapshot(backend=backend)
+    known = {}
+    for alias in [backend] if backend else backends.aliases():
+        if alias in found.unavailable:
+            continue
+        try:
+            known.update({(alias, name): limit for name, limit in backends[alias].names()})
+        except BackendUnavailable as exc:
+            found.unavailable[alias] = str(exc)
+    return summaries(found, known), found.unavailable
 
 
 def select(

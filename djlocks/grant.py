@@ -64,7 +64,10 @@ class Grant:
         self.scope: AbstractContextManager[Any] | None = record.scope
         self.thread = threading.get_ident()
         self._guard = threading.Lock()
-        self._believe_until = acquire_started + ttl * (1 - BELIEF_MARGIN)
+        # A lease counts from when its request was sent (a long wait in the queue
+        # before it does not shorten it); a session's or transaction's grant from now.
+        believe_from = time.monotonic() if record.requested_at is None else record.requested_at
+        self._believe_until = believe_from + ttl * (1 - BELIEF_MARGIN)
         self._lost_reason: str | None = None
         self._released = False
 

@@ -14,6 +14,7 @@ from typing import Any
 from djlocks.backends import backends
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
 from djlocks.events import Kind, events
+from djlocks.exceptions import BackendUnavailable
 
 force_release_log = logging.getLogger("djlocks.force_release")
 
@@ -25,17 +26,20 @@ class Snapshot:
     holders: list[HolderInfo] = field(default_factory=list)
     waiters: list[WaiterInfo] = field(default_factory=list)
     cooldowns: list[CooldownInfo] = field(default_factory=list)
+    #: Backends that could not be asked (their store is down), with the reason.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
         return not (self.holders or self.waiters or self.cooldowns)
 
-    def as_json(self) -> dict[str, list[dict[str, Any]]]:
+    def as_json(self) -> dict[str, Any]:
         """Plain data; owner tokens are left out, since a token lets its bearer release."""
         return {
             "holders": [public(h) for h in self.holders],
             "waiters": [vars(w).copy() for w in self.waiters],
             "cooldowns": [vars(c).copy() for c in self.cooldowns],
+            "unavailable": dict(self.unavailable),
         }
 
 
@@ -45,13 +49,26 @@ def public(holder: HolderInfo) -> dict[str, Any]:
 
 
 def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
-    """Ask each backend (or only ``backend``) about ``name`` (or every name)."""
+    """Ask each backend (or only ``backend``) about ``name`` (or every name).
+
+    A backend whose store cannot be reached is listed in ``unavailable``; the
+    others are still shown (one Redis being down must not hide the database's locks).
+    """
     found = Snapshot()
     for alias in [backend] if backend else backends.aliases():
         store = backends[alias]
-        found.holders.extend(store.holders(name))
-        found.waiters.extend(store.waiters(name))
-        found.cooldowns.extend(store.cooldowns(name))
+        try:
+            holders, waiters, cooldowns = (
+                store.holders(name),
+                store.waiters(name),
+                store.cooldowns(name),
+            )
+        except BackendUnavailable as exc:
+            found.unavailable[alias] = str(exc)
+            continue
+        found.holders.extend(holders)
+        found.waiters.extend(waiters)
+        found.cooldowns.extend(cooldowns)
     return found
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from queue import Empty
 from typing import Any
@@ -138,3 +139,16 @@ def test_7_paused_holder_is_fenced_and_its_late_release_fails(backend: str) -> N
     finally:
         os.kill(worker.pid, signal.SIGCONT)
         worker.join(10)
+
+
+def test_a_grant_after_a_long_wait_gets_its_full_lease(backend: str) -> None:
+    """The lease counts from the request that made it, not from the start of the wait."""
+    holder = Lock("tlong", ttl=1, backend=backend).acquire_grant()
+    assert holder is not None
+    timer = threading.Timer(1.5, holder.release)  # past the waiter's TTL
+    timer.start()
+    with db_lock("tlong", ttl=1, timeout=10, backend=backend) as grant:
+        assert grant.believed
+        time.sleep(1.2)  # renewed meanwhile
+        grant.check()
+    timer.join()

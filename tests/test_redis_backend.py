@@ -1,7 +1,7 @@
 """The Redis backend against a real Redis: what differs from the lease rows
 (keys, scripts, wake-ups, the restart of the server), and RELIABILITY.md items
-10, 11, 12, 21, 22, 23, 24 for it. Items 1-5 and 7 run for it in
-test_lease_processes.py, item 25 in test_admin.py.
+8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1-5 and 7
+run for it in test_lease_processes.py, item 25 in test_admin.py.
 
 The shared Redis (REDIS_URL) is used as is; the restart test starts a private
 redis-server on its own port and never touches the shared one."""
@@ -9,6 +9,7 @@ redis-server on its own port and never touches the shared one."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import cast
 
@@ -23,7 +25,9 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
-from django.test import override_settings
+from django.core.management import call_command
+from django.test import Client, override_settings
+from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
@@ -37,6 +41,7 @@ from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
 from djlocks.stress import current_database_names, manage_command
 from project.demo.models import FencedCounter
+from tests.faults import TcpProxy
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 REDIS = "redis"
@@ -425,3 +430,87 @@ def test_system_checks_warn_of_eviction_and_refuse_other_caches(
         },
     ):
         assert {m.id for m in check_redis_stores()} == {"djlocks.E008", "djlocks.W005"}
+
+
+def test_a_redis_that_is_down_does_not_hide_the_other_stores(admin_client: Client) -> None:
+    down_cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    down = {"BACKEND": "djlocks.backends.redis.RedisBackend", "OPTIONS": {"cache": "down"}}
+    configured = django_settings.DJLOCKS
+    with (
+        override_settings(
+            CACHES={**django_settings.CACHES, "down": down_cache},
+            DJLOCKS={**configured, "BACKENDS": {**configured["BACKENDS"], "down": down}},
+        ),
+        db_lock("r:visible"),
+    ):
+        page = admin_client.get(reverse("admin:djlocks_lockname_changelist")).content.decode()
+        assert "r:visible" in page and "Backend &#x27;down&#x27; could not be asked" in page
+        data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+        assert list(data["unavailable"]) == ["down"] and data["count"] >= 1
+        out, err = StringIO(), StringIO()
+        call_command("djlocks", "list", "--json", stdout=out, stderr=err)
+        assert list(json.loads(out.getvalue())["unavailable"]) == ["down"]
+        assert "'down' could not be asked" in err.getvalue()
+
+
+@pytest.fixture
+def proxied() -> Iterator[TcpProxy]:
+    """The backend ``proxied``: the shared Redis behind a TCP proxy, 2 s socket time-outs."""
+    port = redis.Redis.from_url(django_settings.REDIS_URL).connection_pool.connection_kwargs["port"]
+    proxy = TcpProxy(port)
+    cache = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://127.0.0.1:{proxy.port}/0",
+        "OPTIONS": {"SOCKET_TIMEOUT": 2, "SOCKET_CONNECT_TIMEOUT": 2},
+    }
+    spec = {"BACKEND": "djlocks.backends.redis.RedisBackend", "OPTIONS": {"cache": "proxied"}}
+    configured = django_settings.DJLOCKS
+    try:
+        with override_settings(
+            CACHES={**django_settings.CACHES, "proxied": cache},
+            DJLOCKS={**configured, "BACKENDS": {**configured["BACKENDS"], "proxied": spec}},
+        ):
+            yield proxy
+            proxy.heal()
+            backends.reset()
+    finally:
+        proxy.close()
+
+
+def test_8_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> None:
+    proxied.reply_delay = 1.2
+    late = Lock("r:late", backend="proxied", ttl=1)
+    assert late.acquire(timeout=0) is False, "a grant that came after its lease is given back"
+    proxied.heal()
+    time.sleep(1.0)  # whatever the delayed give-back did, the lease has run out by now
+    assert backend().holders("r:late") == []
+    with lock("r:late", timeout=0):
+        pass
+
+
+def test_9_and_10_lost_replies_leave_no_orphan_and_no_double_release(
+    proxied: TcpProxy,
+) -> None:
+    # Item 9: the acquire is applied, its reply lost; the grant ends at its TTL.
+    proxied.drop_replies = True
+    with pytest.raises(BackendUnavailable):
+        Lock("r:lost", backend="proxied", ttl=1).acquire(timeout=0)
+    assert len(backend().holders("r:lost")) <= 1, "never a double holder"
+    began = time.monotonic()
+    with lock("r:lost", timeout=3):
+        assert time.monotonic() - began < 1.5, "the orphan ended at its TTL"
+    # Item 10: the release is applied, its reply lost; retrying it frees nothing newer.
+    proxied.heal()
+    old = Lock("r:lost", backend="proxied", ttl=5).acquire_grant(timeout=0)
+    assert old is not None
+    proxied.drop_replies = True
+    with pytest.raises(BackendUnavailable):
+        old.release()
+    proxied.heal()
+    with lock("r:lost", timeout=0) as newer:
+        with pytest.raises(LockLost):
+            backends["proxied"].release("r:lost", old.token, 0)
+        newer.check()

@@ -100,6 +100,10 @@ class GrantRecord:
     #: A context the backend entered for the grant (the row backend's own
     #: transaction), left at release with the ``with`` block's exception, if any.
     scope: AbstractContextManager[Any] | None = None
+    #: ``time.monotonic()`` when the request that made a lease was sent: the lease
+    #: cannot have started earlier, so the holder's belief (G2) counts from here.
+    #: ``None`` for grants that end with a session or transaction, not by time.
+    requested_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -341,6 +341,7 @@ class LeaseBackend(LockBackend):
         token = secrets.token_hex(16)
         try:
             for _ in range(CLAIM_RETRIES):
+                sent = time.monotonic()  # the lease cannot start before the claim is sent
                 try:
                     if request.limit == 1:
                         grant = self._run(
@@ -351,14 +352,14 @@ class LeaseBackend(LockBackend):
                         # the shape is re-checked now and then, in case it changed.
                         confirmed = self._lock_shaped.get(key, -SHAPE_RECHECK)
                         if grant is not None or time.monotonic() - confirmed < SHAPE_RECHECK:
-                            return grant
+                            return grant and replace(grant, requested_at=sent)
                     grant = self._run(
                         lambda db: self._claim_slot(db, request, key, ticket, token),
                         retry=False,
                     )
                     if request.limit == 1:
                         self._lock_shaped[key] = time.monotonic()
-                    return grant
+                    return grant and replace(grant, requested_at=sent)
                 except _Contention:
                     time.sleep(secrets.randbelow(2000) / 1_000_000)
             raise BackendUnavailable(

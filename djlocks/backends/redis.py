@@ -112,10 +112,17 @@ def _token(secret: str, slot: int) -> str:
     return f"{secret}.{slot}"
 
 
-def _handed_grant(secret: str, message: str) -> GrantRecord:
-    """The grant a release handed this waiter: ``granted\n<slot>\n<fence>\n<expires ms>``."""
+def _handed_grant(secret: str, message: str, not_before: float) -> GrantRecord:
+    """The grant a release handed this waiter: ``granted\n<slot>\n<fence>\n<expires ms>``,
+    made after ``not_before`` (monotonic)."""
     _, slot, fence, expires_ms = message.split("\n")
-    return GrantRecord(_token(secret, int(slot)), int(slot), int(fence), _moment(expires_ms))
+    return GrantRecord(
+        _token(secret, int(slot)),
+        int(slot),
+        int(fence),
+        _moment(expires_ms),
+        requested_at=not_before,
+    )
 
 
 def _split_token(token: str) -> tuple[str, int]:
@@ -128,6 +135,7 @@ class _Attempt:
     """What one acquire script said: a grant, or how long until a slot may free."""
 
     grant: GrantRecord | None
+    sent: float  # time.monotonic() when the script was sent
     soonest: float | None = None  # seconds until the soonest lease or cool-down ends
 
 
@@ -245,11 +253,13 @@ class RedisBackend(LockBackend):
                 if abort is not None and abort.is_set():
                     return None
                 if wake.message is not None:
-                    return _handed_grant(secret, wake.message)
+                    # Handed over after this waiter's last try ran: the lease began later.
+                    return _handed_grant(secret, wake.message, attempt.sent)
                 wake.event.clear()
                 mode = "wait"
 
     def _attempt(self, request: AcquireRequest, secret: str, mode: str) -> _Attempt:
+        sent = time.monotonic()
         reply = self._run(
             "acquire",
             request.name,
@@ -267,9 +277,12 @@ class RedisBackend(LockBackend):
             raise AlreadyHeld.limit_mismatch(request.name, int(reply[1]), request.limit)
         if status == WAITING:
             soonest = int(reply[1])
-            return _Attempt(None, None if soonest < 0 else soonest / 1000)
+            return _Attempt(None, sent, None if soonest < 0 else soonest / 1000)
         slot, fence, expires_ms = int(reply[1]), int(reply[2]), int(reply[3])
-        return _Attempt(GrantRecord(_token(secret, slot), slot, fence, _moment(expires_ms)))
+        grant = GrantRecord(
+            _token(secret, slot), slot, fence, _moment(expires_ms), requested_at=sent
+        )
+        return _Attempt(grant, sent)
 
     def _leave(self, name: str, secret: str) -> None:
         """Leave the queue and drop any grant of ``secret`` (handed over meanwhile, or

@@ -4,7 +4,9 @@
 * ``demo:nightly-import``: a lock three jobs queue for (each holds 4-9 s);
 * ``demo:pdf-render``: a semaphore of 2 slots five renderers share (2-6 s each);
 * ``demo:mailer``: a lock with a 20 s cool-down; its job runs with ``-n`` and skips
-  while the cool-down lasts.
+  while the cool-down lasts;
+* with ``REDIS_URL`` set, ``demo:cache-rebuild``: a semaphore of 2 slots on the
+  ``redis`` backend that three rebuilders share (2-5 s each).
 
 Run with ``python -m project.demo.workload``; Ctrl-C or SIGTERM stops it (and
 runlocked stops the running jobs with it).
@@ -12,6 +14,7 @@ runlocked stops the running jobs with it).
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -57,6 +60,12 @@ def main() -> None:
         ),
         ("demo:mailer", "mailer", ["-n", "--cooldown", "20"], (1, 3), 4),
     ]
+    if os.environ.get("REDIS_URL"):
+        redis_slots = ["--backend", "redis", "--limit", "2", "--timeout", "60"]
+        jobs += [
+            ("demo:cache-rebuild", f"cache rebuilder #{n}", redis_slots, (2, 5), 2)
+            for n in (1, 2, 3)
+        ]
     threads = [threading.Thread(target=job, args=spec, daemon=True) for spec in jobs]
     for thread in threads:
         thread.start()

@@ -109,6 +109,8 @@ class Command(BaseCommand):
         )
 
     def _print(self, found: Snapshot, as_json: bool, *, nothing: str) -> None:
+        for alias, reason in found.unavailable.items():
+            self.stderr.write(f"backend {alias!r} could not be asked: {reason}")
         if as_json:
             self.stdout.write(json.dumps(found.as_json(), default=str))
             return
@@ -129,7 +131,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {c.until:%H:%M:%S}"
             )
-        if found.empty:
+        if found.empty and not found.unavailable:
             self.stdout.write(nothing)
 
     # -- release -------------------------------------------------------------
