@@ -2,7 +2,7 @@
 
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
-applied: the reply is what gets lost), and heal it again.
+applied: the reply is what gets lost), cut every connection, and heal it again.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.reply_delay = 0.0  # seconds each chunk of a reply is held back
         self.drop_replies = False  # swallow the server's replies
+        #: Start swallowing replies once a request containing these bytes goes by.
+        self.drop_replies_from: bytes | None = None
+        #: Set once a request containing ``drop_replies_from`` has gone by.
+        self.dropping = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
@@ -44,6 +48,10 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                marker = self.drop_replies_from
+                if not replies and marker is not None and marker in data:
+                    self.drop_replies = True
+                    self.dropping.set()
                 if replies and self.drop_replies:
                     continue
                 if replies and self.reply_delay:
@@ -53,14 +61,24 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
 
+    def cut(self) -> None:
+        """Close every connection through the proxy now (both ends see it end)."""
+        with self._guard:
+            ends, self._sockets = self._sockets, []
+        for end in ends:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                end.close()
+
     def heal(self) -> None:
         self.reply_delay = 0.0
         self.drop_replies = False
+        self.drop_replies_from = None
+        self.dropping.clear()
 
     def close(self) -> None:
         self._closed = True
-        with self._guard:
-            ends, self._sockets = self._sockets, []
-        for end in [self._listener, *ends]:
-            with contextlib.suppress(OSError):
-                end.close()
+        self.cut()
+        with contextlib.suppress(OSError):
+            self._listener.close()

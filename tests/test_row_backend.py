@@ -1,6 +1,6 @@
 """The row backend (SELECT ... FOR UPDATE in the caller's transaction) against the real
-server: the contract, RELIABILITY.md items 1-5, 11, 19, 20, 23 and 25 on PostgreSQL
-and MariaDB, and item 26's shape (the write lock) on SQLite."""
+server: the contract, RELIABILITY.md items 1-5, 9 (through a TCP proxy), 11, 19, 20, 23
+and 25 on PostgreSQL and MariaDB, and item 26's shape (the write lock) on SQLite."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from djlocks.inspection import force_release
 from djlocks.models import LockEvent
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
+from tests.faults import TcpProxy
 from tests.processes import finished, runlocked
 from tests.workers import CONTEXT, hold_then_report, read_modify_write, start_worker, try_once
 
@@ -256,6 +257,61 @@ def test_5_a_killed_holder_frees_the_name_within_a_second() -> None:
     began = time.monotonic()
     with lock("r:crash", timeout=5):
         assert time.monotonic() - began < 1
+
+
+@servers_only
+def test_9_a_lost_acquire_reply_leaves_no_orphan_lock() -> None:
+    """The lock is applied, its reply lost, the connection then cut: the server ends
+    the transaction, so the row is free at once and nobody else ever held it twice."""
+    with transaction.atomic(), lock("r:lost"):
+        pass  # the name's rows exist
+    proxy = TcpProxy(int(connection.settings_dict["PORT"]))
+    outcome: list[object] = []
+
+    def acquire_through_the_proxy() -> None:
+        from django.db import connections
+
+        mine = connections["default"]
+        mine.settings_dict = {**mine.settings_dict, "PORT": str(proxy.port)}
+        try:
+            with transaction.atomic():
+                mine.cursor().execute("SELECT 1")  # connected through the proxy
+                proxy.drop_replies_from = b"FOR UPDATE"  # the locking statement's reply
+                outcome.append(lock("r:lost").acquire(timeout=0))
+        except Exception as exc:
+            outcome.append(exc)
+        finally:
+            mine.close()
+
+    lost = threading.Thread(target=acquire_through_the_proxy)
+    lost.start()
+    try:
+        assert proxy.dropping.wait(10), "the locking statement never went through the proxy"
+        deadline = time.monotonic() + 10
+        while in_other_thread(lambda: _try_row("r:lost")):
+            assert time.monotonic() < deadline, "the server never applied the lost acquire"
+            time.sleep(0.05)
+        proxy.cut()
+        proxy.heal()  # the network comes back: Django may reconnect to roll back
+        lost.join(10)
+        assert outcome and isinstance(outcome[0], Exception), outcome
+        cut = time.monotonic()
+        while not in_other_thread(lambda: _try_row("r:lost")):
+            assert time.monotonic() - cut < 1, "the server did not end the cut transaction"
+            time.sleep(0.05)
+    finally:
+        proxy.close()
+        lost.join(10)
+
+
+def _try_row(name: str) -> bool:
+    """Whether this thread could take ``name`` now (and give it back at once)."""
+    attempt = lock(name)
+    with transaction.atomic():
+        if not attempt.acquire(timeout=0):
+            return False
+        attempt.release()
+    return True
 
 
 @servers_only
