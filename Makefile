@@ -4,13 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest lint bench clean
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest reliability lint bench clean
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt pyproject.toml Makefile
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
 	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q libmariadb-dev pkg-config)
 	@command -v redis-server >/dev/null || \
 	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q redis-server)
+	@# PgBouncer: the tests put one in transaction pooling mode in front of PostgreSQL.
+	@test -x /usr/sbin/pgbouncer || \
+	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q pgbouncer)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -46,6 +49,18 @@ test-postgresql: setup
 
 test-mysql: setup
 	DJLOCKS_DB=mysql $(PY) -m pytest
+
+# RELIABILITY.md's catalogue: its tests (part of `make test`) on the three databases,
+# ROUNDS times in a row, then docs/reliability.md from the last round's results.
+ROUNDS ?= 1
+reliability: setup
+	set -e; for round in $$(seq $(ROUNDS)); do \
+	  rm -rf var/catalogue; \
+	  for db in sqlite postgresql mysql; do \
+	    DJLOCKS_DB=$$db DJLOCKS_CATALOGUE_DIR=var/catalogue $(PY) -m pytest -q -m catalogue; \
+	  done; \
+	done
+	$(PY) -m tests.catalogue var/catalogue > docs/reliability.md
 
 # BENCHMARKS.md's workloads on the three databases; QUICK=1 for a short run.
 bench: setup

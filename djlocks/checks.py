@@ -13,6 +13,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from djlocks.conf import djlocks_settings
+from djlocks.exceptions import BackendUnavailable
 
 
 @register()
@@ -98,7 +99,8 @@ def check_lease_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 @register(Tags.database)
 def check_session_databases(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E006 a session backend on the wrong database; E007 GET_LOCK under Galera;
-    W001 GET_LOCK with statement-based binary logging."""
+    W001 GET_LOCK with statement-based binary logging; E009 server sessions shared
+    between clients by a pooler (PgBouncer in transaction pooling mode)."""
     from djlocks.backends.session import SessionBackend
 
     messages: list[CheckMessage] = []
@@ -114,9 +116,23 @@ def check_session_databases(app_configs: Any = None, **kwargs: Any) -> list[Chec
                     id="djlocks.E006",
                 )
             )
-        elif connection.vendor == "mysql":
+            continue
+        if connection.vendor == "mysql":
             messages.extend(_mysql_server_warnings(alias, using))
+        messages.extend(_shared_session_errors(alias))
     return messages
+
+
+def _shared_session_errors(alias: str) -> list[CheckMessage]:
+    from djlocks.backends import backends
+
+    try:
+        problem = backends[alias].shared_session_problem()  # type: ignore[attr-defined]
+    except BackendUnavailable:
+        return []  # a server that is down is reported when a lock is taken
+    if problem is None:
+        return []
+    return [Error(problem, hint=SHARED_SESSION_HINT, id="djlocks.E009")]
 
 
 def _mysql_server_warnings(alias: str, using: str) -> list[CheckMessage]:
@@ -222,6 +238,10 @@ def check_redis_stores(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
     return messages
 
 
+SHARED_SESSION_HINT = (
+    "Session locks need a server session of their own: connect directly, or through a "
+    "PgBouncer pool with pool_mode = session."
+)
 REDIS_CACHE_HINT = (
     "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is 'django_redis.cache.RedisCache'."
 )

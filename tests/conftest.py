@@ -4,13 +4,43 @@ is down fails the run (pytest-django cannot create the test database), never ski
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from djlocks.backends import backends
 from djlocks.heartbeat import heartbeat
 from djlocks.models import LeaseWaiter
+from tests.catalogue import Recorder, column_of
+
+CATALOGUE = Recorder()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "catalogue(*items, backend=ALIAS): the RELIABILITY.md catalogue items this test "
+        "proves for the backend ALIAS (or for its `backend` parameter); see tests/catalogue.py",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    CATALOGUE.note(item, report)
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    CATALOGUE.write()
+
+
+@pytest.fixture
+def bounds(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
+    """``bounds(what, seconds)`` records a measured bound of this catalogue test's backend."""
+    key = column_of(request.node)
+    return lambda what, seconds: CATALOGUE.bound(what, key, seconds)
 
 
 @pytest.fixture

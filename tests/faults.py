@@ -1,4 +1,5 @@
-"""Fault tools for the tests: a TCP proxy in front of a real server.
+"""Fault tools for the tests: a TCP proxy in front of a real server, and a
+private PgBouncer.
 
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
@@ -8,9 +9,16 @@ applied: the reply is what gets lost), cut every connection, and heal it again.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
+
+PGBOUNCER = "/usr/sbin/pgbouncer"  # Debian's package, installed by `make setup`
 
 
 class TcpProxy:
@@ -82,3 +90,60 @@ class TcpProxy:
         self.cut()
         with contextlib.suppress(OSError):
             self._listener.close()
+
+
+class PgBouncer:
+    """A private PgBouncer on a free port of 127.0.0.1, in front of PostgreSQL.
+
+    ``pool_mode`` is PgBouncer's (``session``, ``transaction``, ``statement``);
+    clients log in as they would to the server (``auth_type = trust``, every
+    database forwarded). PgBouncer refuses to run as root, so under root it
+    is started as the ``postgres`` user (``-u``).
+    """
+
+    def __init__(self, server_port: int, user: str, pool_mode: str) -> None:
+        assert os.access(PGBOUNCER, os.X_OK), "PgBouncer is needed (make setup installs it)"
+        self.port = _free_port()
+        self._home = Path(tempfile.mkdtemp(prefix="djlocks-pgbouncer-"))
+        self._home.chmod(0o777)  # the postgres user writes its log here
+        (self._home / "users.txt").write_text(f'"{user}" ""\n')
+        config = self._home / "pgbouncer.ini"
+        config.write_text(
+            f"[databases]\n* = host=127.0.0.1 port={server_port}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = trust\nauth_file = {self._home}/users.txt\n"
+            f"pool_mode = {pool_mode}\nlogfile = {self._home}/pgbouncer.log\n"
+            f"ignore_startup_parameters = extra_float_digits\n"
+        )
+        as_postgres = ["-u", "postgres"] if os.geteuid() == 0 else []
+        self._process = subprocess.Popen(
+            [PGBOUNCER, *as_postgres, str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _accepts(self.port):
+            assert self._process.poll() is None, self.log()
+            assert time.monotonic() < deadline, "PgBouncer did not start: " + self.log()
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self._home / "pgbouncer.log").read_text()
+        return ""
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait(10)
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False

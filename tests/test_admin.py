@@ -66,6 +66,7 @@ def test_the_dashboard_is_in_the_admin_index(admin_client: Client) -> None:
     assert OVERVIEW in index and "Locks and semaphores" in index
 
 
+@pytest.mark.catalogue(25)
 @pytest.mark.parametrize("backend", ["default", "redis"])
 def test_item_25_the_admin_matches_the_store(admin_client: Client, backend: str) -> None:
     """One holder and two waiters on a lock, 2 of 3 slots of a semaphore: all shown."""
@@ -168,6 +169,7 @@ def test_forced_release_needs_csrf(admin_user: User) -> None:
         grant.check()  # still held
 
 
+@pytest.mark.catalogue(23, backend="default")
 def test_confirmed_forced_release_is_audited_and_the_holder_learns(admin_client: Client) -> None:
     lock = db_lock("force:lock", label="stuck job", timeout=0)
     grant = lock.acquire_grant()

@@ -15,6 +15,7 @@ from djlocks.signals import lock_lost
 pytestmark = pytest.mark.usefixtures("store")
 
 
+@pytest.mark.catalogue(18, backend="default")
 def test_lock_is_exclusive_and_fences_strictly_increase() -> None:
     fences = []
     for _ in range(5):
@@ -121,6 +122,7 @@ def test_unrenewed_lease_expires_and_the_holder_is_told() -> None:
         lock_lost.disconnect(on_signal)
 
 
+@pytest.mark.catalogue(21, backend="default")
 def test_renewal_never_reclaims_an_expired_grant() -> None:
     lock = Lock("contract:reclaim", ttl=0.4, renew=False)
     grant = lock.__enter__()
@@ -181,6 +183,7 @@ def test_waiters_are_listed_with_their_identity() -> None:
     thread.join()
 
 
+@pytest.mark.catalogue(11, backend="default")
 def test_async_with_and_cancelled_acquires_leave_nothing() -> None:
     async def scenario() -> None:
         async with db_lock("contract:async", ttl=5, timeout=1) as grant:

@@ -1,7 +1,8 @@
 """The Redis backend against a real Redis: what differs from the lease rows
 (keys, scripts, wake-ups, the restart of the server), and RELIABILITY.md items
-8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1-5 and 7
-run for it in test_lease_processes.py, item 25 in test_admin.py.
+8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1-4 and 7
+run for it in test_lease_processes.py, 5 and 19 in test_reliability.py, 25 in
+test_admin.py.
 
 The shared Redis (REDIS_URL) is used as is; the restart test starts a private
 redis-server on its own port and never touches the shared one."""
@@ -55,6 +56,7 @@ def lock(name: str = "r:job", **options: object) -> Lock:
     return Lock(name, backend=REDIS, **options)  # type: ignore[arg-type]
 
 
+@pytest.mark.catalogue(18, backend="redis")
 def test_lock_is_exclusive_fences_rise_and_timeouts_are_exact() -> None:
     fences = []
     for _ in range(3):
@@ -123,6 +125,7 @@ def test_cooldown_keeps_the_slot_unavailable_and_can_be_cleared() -> None:
         backend().set_cooldown("r:cool", 4, 1)
 
 
+@pytest.mark.catalogue(21, backend="redis")
 def test_21_renewal_sets_never_adds_and_never_reclaims() -> None:
     client = backend().redis()
     with lock("r:renew", ttl=1.2) as grant:
@@ -146,6 +149,7 @@ def test_21_renewal_sets_never_adds_and_never_reclaims() -> None:
     newer.release()
 
 
+@pytest.mark.catalogue(23, backend="redis")
 def test_23_forced_release_fences_the_old_holder_and_is_recorded() -> None:
     FencedCounter.objects.create(name="r:forced")
     old = lock("r:forced").acquire_grant()
@@ -169,6 +173,7 @@ def test_23_forced_release_fences_the_old_holder_and_is_recorded() -> None:
     assert LockEvent.objects.filter(name="r:forced", kind="forced_release").exists()
 
 
+@pytest.mark.catalogue(11, backend="redis")
 def test_11_cancelled_acquires_leave_nothing_sync_and_async() -> None:
     rng = random.Random(11)
     with lock("r:cancel"):
@@ -194,6 +199,7 @@ def test_11_cancelled_acquires_leave_nothing_sync_and_async() -> None:
         assert time.monotonic() - began < 0.1
 
 
+@pytest.mark.catalogue(12, backend="redis")
 def test_12_a_lost_wake_up_costs_at_most_one_poll() -> None:
     client = backend().redis()
     holder = lock("r:wake").acquire_grant()
@@ -346,6 +352,7 @@ class PrivateRedis:
         self.start()
 
 
+@pytest.mark.catalogue(22, backend="redis")
 def test_22_a_redis_restart_is_reported_and_fences_never_go_backwards(
     private_redis: PrivateRedis,
 ) -> None:
@@ -381,6 +388,7 @@ def runlocked(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*command, *args], text=True)
 
 
+@pytest.mark.catalogue(24, backend="redis")
 def test_24_runlocked_on_redis(tmp_path: Path) -> None:
     with lock("r:cron"):
         assert runlocked("r:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
@@ -459,11 +467,12 @@ def test_a_redis_that_is_down_does_not_hide_the_other_stores(admin_client: Clien
 @pytest.fixture
 def proxied() -> Iterator[TcpProxy]:
     """The backend ``proxied``: the shared Redis behind a TCP proxy, 2 s socket time-outs."""
-    port = redis.Redis.from_url(django_settings.REDIS_URL).connection_pool.connection_kwargs["port"]
+    shared = redis.Redis.from_url(django_settings.REDIS_URL).connection_pool.connection_kwargs
+    port, db = shared["port"], shared.get("db", 0)
     proxy = TcpProxy(port)
     cache = {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"redis://127.0.0.1:{proxy.port}/0",
+        "LOCATION": f"redis://127.0.0.1:{proxy.port}/{db}",
         "OPTIONS": {"SOCKET_TIMEOUT": 2, "SOCKET_CONNECT_TIMEOUT": 2},
     }
     spec = {"BACKEND": "djlocks.backends.redis.RedisBackend", "OPTIONS": {"cache": "proxied"}}
@@ -480,6 +489,7 @@ def proxied() -> Iterator[TcpProxy]:
         proxy.close()
 
 
+@pytest.mark.catalogue(8, backend="redis")
 def test_8_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> None:
     proxied.reply_delay = 1.2
     late = Lock("r:late", backend="proxied", ttl=1)
@@ -491,6 +501,7 @@ def test_8_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> No
         pass
 
 
+@pytest.mark.catalogue(9, 10, backend="redis")
 def test_9_and_10_lost_replies_leave_no_orphan_and_no_double_release(
     proxied: TcpProxy,
 ) -> None:

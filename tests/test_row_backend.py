@@ -1,6 +1,7 @@
 """The row backend (SELECT ... FOR UPDATE in the caller's transaction) against the real
-server: the contract, RELIABILITY.md items 1-5, 9 (through a TCP proxy), 11, 19, 20, 23
-and 25 on PostgreSQL and MariaDB, and item 26's shape (the write lock) on SQLite."""
+server: the contract, RELIABILITY.md items 1-4, 9 (through a TCP proxy), 11, 20, 23
+and 25 on PostgreSQL and MariaDB, and item 26's shape (the write lock) on SQLite. Items 5
+and 19 run for every backend in test_reliability.py."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
 from tests.processes import finished, runlocked
-from tests.workers import CONTEXT, hold_then_report, read_modify_write, start_worker, try_once
+from tests.workers import CONTEXT, hold_then_report, start_worker, try_once
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 ROW = "row"
@@ -118,6 +119,7 @@ def test_outside_a_transaction_the_with_block_is_the_transaction() -> None:
     assert try_elsewhere()
 
 
+@pytest.mark.catalogue(18, backend=ROW)
 def test_a_second_handle_waits_and_times_out_leaving_the_transaction_usable() -> None:
     with lock():
 
@@ -192,6 +194,7 @@ def test_bad_uses_get_clear_errors() -> None:
 # -- RELIABILITY.md catalogue --------------------------------------------------
 
 
+@pytest.mark.catalogue(1, backend=ROW)
 def test_1_exact_counter_under_contention_8_processes() -> None:
     result = run_stress(StressPlan(ROW, processes=8, iterations=100), timeout=180)
     assert result.errors == []
@@ -201,6 +204,7 @@ def test_1_exact_counter_under_contention_8_processes() -> None:
         assert result.fences_increase
 
 
+@pytest.mark.catalogue(2, backend=ROW)
 @servers_only
 def test_2_semaphore_never_exceeds_limit_and_reaches_it() -> None:
     plan = StressPlan(ROW, processes=12, iterations=12, limit=3, hold_ms=30, name="r:t2")
@@ -209,6 +213,7 @@ def test_2_semaphore_never_exceeds_limit_and_reaches_it() -> None:
     assert result.max_concurrent == 3
 
 
+@pytest.mark.catalogue(3, backend=ROW)
 def test_3_try_lock_burst_has_exactly_one_winner() -> None:
     barrier = CONTEXT.Barrier(20)
     report = CONTEXT.Queue()
@@ -219,6 +224,7 @@ def test_3_try_lock_burst_has_exactly_one_winner() -> None:
     assert outcomes.count("won") == 1 and outcomes.count("lost") == 19, outcomes
 
 
+@pytest.mark.catalogue(4, 25, backend=ROW)
 @servers_only
 def test_4_and_25_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client) -> None:
     report = CONTEXT.Queue()
@@ -248,17 +254,7 @@ def test_4_and_25_waiters_queue_in_the_server_and_show_with_identity(admin_clien
         worker.join(20)
 
 
-def test_5_a_killed_holder_frees_the_name_within_a_second() -> None:
-    report = CONTEXT.Queue()
-    holder = start_worker(hold_then_report, "r:crash", 3, report, 60, ROW)
-    assert report.get(timeout=30)[0] == "held"
-    holder.kill()
-    holder.join(10)
-    began = time.monotonic()
-    with lock("r:crash", timeout=5):
-        assert time.monotonic() - began < 1
-
-
+@pytest.mark.catalogue(9, backend=ROW)
 @servers_only
 def test_9_a_lost_acquire_reply_leaves_no_orphan_lock() -> None:
     """The lock is applied, its reply lost, the connection then cut: the server ends
@@ -314,6 +310,7 @@ def _try_row(name: str) -> bool:
     return True
 
 
+@pytest.mark.catalogue(11, backend=ROW)
 @servers_only
 def test_11_cancelled_acquires_leave_nothing_behind() -> None:
     with lock("r:cancel"):
@@ -332,22 +329,7 @@ def test_11_cancelled_acquires_leave_nothing_behind() -> None:
     assert time.monotonic() - began < 1
 
 
-@servers_only
-def test_19_the_lock_covers_the_commit_and_the_negative_control_loses_updates() -> None:
-    for counter, lock_name in (("unlocked", None), ("locked", "r:counter")):
-        FencedCounter.objects.create(name=counter, value=0)
-        report = CONTEXT.Queue()
-        workers = [
-            start_worker(read_modify_write, counter, 50, lock_name, report) for _ in range(4)
-        ]
-        for _ in workers:
-            assert report.get(timeout=120)[0] == "done"
-        for worker in workers:
-            worker.join(20)
-    assert FencedCounter.objects.get(name="locked").value == 200
-    assert FencedCounter.objects.get(name="unlocked").value < 200, "the control must lose"
-
-
+@pytest.mark.catalogue(20, backend=ROW)
 @servers_only
 def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
     both_hold_one = threading.Barrier(2)
@@ -373,6 +355,7 @@ def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
     assert sorted(outcomes) == ["proceeded", "victim"]
 
 
+@pytest.mark.catalogue(23, backend=ROW)
 @servers_only
 def test_23_forced_release_ends_exactly_the_holders_transaction() -> None:
     def holder(name: str, hold: threading.Event, outcome: list[object]) -> None:
@@ -423,6 +406,7 @@ def _hold_plainly(name: str, hold: threading.Event, outcome: list[object]) -> No
         connection.close()
 
 
+@pytest.mark.catalogue(24, backend=ROW)
 def test_runlocked_on_row_locks() -> None:
     with lock("r:cron"):
         conflict = runlocked("r:cron", "--backend", ROW, "--timeout", "0", "--", "true")

@@ -1,6 +1,7 @@
 """Session backends (GET_LOCK on MariaDB, advisory locks on PostgreSQL) against the
 real server: the contract, crash release, forced release, identity, interoperation
-with the mysql and psql clients, G11, cancellation, runlocked.
+with the mysql and psql clients, G11, cancellation, runlocked, and a PgBouncer in
+transaction pooling mode refused (item 16).
 
 They run in the postgresql and mysql runs of `make test` (CI runs all three);
 SQLite has no session locks, so the sqlite run does not collect them."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -25,11 +27,14 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
+from djlocks.backends.postgresql import LOCK_KEY
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import force_release
-from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
+from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
-from tests.workers import CONTEXT, hold_then_report, start_worker, wait_in_line
+from tests.faults import PgBouncer
+from tests.processes import manage
+from tests.workers import CONTEXT, start_worker, wait_in_line
 
 pytestmark = [
     pytest.mark.usefixtures("store"),
@@ -52,6 +57,7 @@ def lock(name: str = "s:job", **options: object) -> Lock:
     return Lock(name, backend=SESSION, ttl=3, **options)  # type: ignore[arg-type]
 
 
+@pytest.mark.catalogue(18, backend=SESSION)
 def test_two_handles_in_one_process_exclude_each_other() -> None:
     with lock() as grant:
         assert grant.expires_at is None
@@ -78,15 +84,6 @@ def test_fences_rise_and_timeouts_are_honoured() -> None:
         assert 0.35 <= time.monotonic() - began < 2
 
 
-def test_a_killed_holder_frees_the_name_within_a_second() -> None:
-    report = CONTEXT.Queue()
-    holder = start_worker(hold_then_report, "s:crash", 3, report, 60, SESSION)
-    assert report.get(timeout=30)[0] == "held"
-    holder.kill()
-    holder.join(10)
-    assert_free_within_a_second("s:crash")
-
-
 def assert_free_within_a_second(name: str) -> None:
     """A killed holder's session ends, and the server frees its lock at once (G4)."""
     began = time.monotonic()
@@ -96,6 +93,7 @@ def assert_free_within_a_second(name: str) -> None:
     survivor.release()
 
 
+@pytest.mark.catalogue(23, backend=SESSION)
 def test_forced_release_kills_exactly_the_holder_which_learns_it_lost() -> None:
     first, second = lock("s:a"), lock("s:b")
     grant_a, grant_b = first.acquire_grant(), second.acquire_grant()
@@ -136,6 +134,7 @@ def test_a_cooldown_is_refused_with_a_clear_error() -> None:
         lock(cooldown=5).acquire()
 
 
+@pytest.mark.catalogue(11, backend=SESSION)
 def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
     async def wait_then_cancel() -> None:
         attempt = asyncio.ensure_future(lock().__aenter__())
@@ -152,6 +151,7 @@ def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
     after.release()
 
 
+@pytest.mark.catalogue(2, backend=SESSION)
 def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None:
     plan = StressPlan(SESSION, processes=8, iterations=12, limit=3, hold_ms=30)
     result = run_stress(plan, timeout=240)
@@ -159,6 +159,7 @@ def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None
     assert result.max_concurrent == 3
 
 
+@pytest.mark.catalogue(1, backend=SESSION)
 def test_lock_strength_test() -> None:
     result = run_stress(StressPlan(SESSION, processes=8, iterations=50), timeout=240)
     assert result.ok, result
@@ -228,6 +229,7 @@ def runlocked(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*command, *args], text=True)
 
 
+@pytest.mark.catalogue(24, backend=SESSION)
 def test_runlocked_on_session_locks(tmp_path: Path) -> None:
     with lock("s:cron"):
         assert runlocked("s:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
@@ -257,6 +259,50 @@ def test_runlocked_on_session_locks(tmp_path: Path) -> None:
     wrapper.kill()
     wrapper.wait(10)
     assert_free_within_a_second("s:cron")
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="not applicable: PgBouncer pools PostgreSQL only"
+)
+@pytest.mark.catalogue(16, backend=SESSION)
+@pytest.mark.parametrize("pool_mode", ["transaction", "session"])
+def test_16_a_pooler_sharing_server_sessions_is_refused(pool_mode: str) -> None:
+    """PgBouncer in transaction mode is reported by the check and refused at the first
+    acquire, leaving no advisory lock behind; in session mode it is accepted."""
+    bouncer = PgBouncer(
+        int(connection.settings_dict["PORT"]), connection.settings_dict["USER"], pool_mode
+    )
+    through_the_bouncer = {**os.environ, "DJLOCKS_DB_PORT": str(bouncer.port)}
+    try:
+        check = manage(
+            "check", "--database", "default", stderr=subprocess.PIPE, env=through_the_bouncer
+        )
+        _, report = check.communicate(timeout=60)
+        run = manage(
+            "runlocked",
+            "s:pooled",
+            "--backend",
+            SESSION,
+            "--",
+            "true",
+            stderr=subprocess.PIPE,
+            env=through_the_bouncer,
+        )
+        _, said = run.communicate(timeout=60)
+    finally:
+        bouncer.stop()
+    if pool_mode == "session":
+        assert check.returncode == 0 and "djlocks.E009" not in report, report
+        assert run.returncode == 0, said
+        return
+    assert check.returncode != 0 and "djlocks.E009" in report, report
+    assert run.returncode == EXIT_UNAVAILABLE and "same server session" in said, said
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND {LOCK_KEY} = %s",
+            (backends[SESSION].key("s:pooled"),),
+        )
+        assert cursor.fetchone()[0] == 0, "an advisory lock was left on the server"
 
 
 def test_the_admin_shows_the_connection_and_releases_by_killing_it(admin_client: Client) -> None:

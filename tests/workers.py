@@ -91,12 +91,16 @@ def wait_in_line(name: str, label: str, report: Any, backend: str = "default") -
         time.sleep(0.05)
 
 
-def read_modify_write(counter: str, iterations: int, lock_name: str | None, report: Any) -> None:
+def read_modify_write(
+    counter: str, iterations: int, lock_name: str | None, report: Any, backend: str = "row"
+) -> None:
     """Add 1 to a ``FencedCounter`` ``iterations`` times, each in its own transaction.
 
     Read, pause 0-2 ms, write: without a lock that covers the commit, two
-    workers read the same value and one update is lost. With ``lock_name``,
-    a row lock is taken first in the same transaction (RELIABILITY.md item 19).
+    workers read the same value and one update is lost (RELIABILITY.md item 19).
+    A row lock is taken inside the transaction and ends with its commit; any
+    other lock is taken around the transaction, so it is released after the
+    commit (G11).
     """
     import random
 
@@ -106,10 +110,11 @@ def read_modify_write(counter: str, iterations: int, lock_name: str | None, repo
     from project.demo.models import FencedCounter
 
     for _ in range(iterations):
-        # The handle's grant ends with the inner ``with``; the row stays locked
-        # until the commit, so the update is committed under the lock.
-        guard = Lock(lock_name, backend="row") if lock_name else contextlib.nullcontext()
-        with transaction.atomic(), guard:
+        guard = Lock(lock_name, backend=backend) if lock_name else contextlib.nullcontext()
+        outer, inner = (
+            (transaction.atomic(), guard) if backend == "row" else (guard, transaction.atomic())
+        )
+        with outer, inner:
             row = FencedCounter.objects.get(name=counter)
             time.sleep(random.uniform(0, 0.002))
             FencedCounter.objects.filter(pk=row.pk).update(value=row.value + 1)

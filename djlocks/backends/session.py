@@ -20,6 +20,11 @@ this module gives the rules that keep them honest:
 * The heartbeat's renewal is a keep-alive that asks the server whether this
   session still holds the key: a killed or timed-out session is reported
   ``LockLost`` within one heartbeat (TTL/3).
+* A pooler that shares server sessions between clients (PgBouncer in
+  transaction or statement pooling mode) is refused before the first grant:
+  through it, a lock would belong to whichever client the pooler hands that
+  server session to next. It is recognised by what it does: two djlocks
+  connections that are open at once are given the same server session.
 * A semaphore is N slot keys. A caller tries each slot once; if all are
   taken it waits in the server for the name's gate key, behind the other
   waiters, and only the gate's holder polls the slots (every 1 to 4 ms).
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -130,6 +136,7 @@ class SessionBackend(LockBackend):
         self._held: dict[str, _Held] = {}
         self._guard = threading.Lock()
         self._pid = os.getpid()
+        self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
 
     # -- what each server does differently ---------------------------------
 
@@ -183,6 +190,66 @@ class SessionBackend(LockBackend):
                 self._idle, self._held, self._pid = [], {}, os.getpid()
             if self._idle:
                 return self._idle.pop()
+        session = self._open()
+        if self._unshared_in_pid != os.getpid():
+            try:
+                problem = self.shared_session_problem(session)
+            except BaseException:
+                session.close()
+                raise
+            if problem is not None:
+                session.close()
+                raise ImproperlyConfigured(problem)
+            self._unshared_in_pid = os.getpid()
+        return session
+
+    def shared_session_problem(self, session: Session | None = None) -> str | None:
+        """Why this backend's server sessions are shared between clients, or ``None``.
+
+        A pooler in transaction or statement mode (PgBouncer's ``pool_mode``)
+        returns a client's server session to its pool after each transaction,
+        so the next client gets it, session locks included (RELIABILITY.md G10,
+        item 16). Asks a second connection, opened while ``session`` (or a new
+        one) is open, for its server connection id, three times in turn: a
+        direct connection or a session-mode pool never gives two open clients
+        the same id; PgBouncer, which hands out its most recently used server
+        connection, gives the second client the first one's.
+
+        Costs one extra connection, once per process (``_checkout`` asks before
+        its first session is used). Raises ``BackendUnavailable`` if the
+        server cannot be reached.
+        """
+        first = session if session is not None else self._open()
+        second = self._open()
+        try:
+            for _ in range(3):
+                try:
+                    ids = (self._connection_id(first), self._connection_id(second))
+                except DatabaseError as exc:
+                    raise BackendUnavailable(
+                        f"djlocks backend {self.alias!r} lost its session on database "
+                        f"{self.using!r}: {exc}"
+                    ) from exc
+                if ids[0] == ids[1] or ids[0] != first.connection_id:
+                    return (
+                        f"djlocks backend {self.alias!r} reaches its server through a "
+                        f"pooler that shares server sessions between clients (PgBouncer "
+                        f"in transaction or statement pooling mode?): two djlocks "
+                        f"connections open at once on database {self.using!r} were given "
+                        f"the same server session ({ids[1]}). A session lock there would "
+                        f"be held by whichever client gets that session next. Point "
+                        f"OPTIONS['using'] at a database alias that connects to the server "
+                        f"directly or through a pool in session mode, or use the lease "
+                        f"or row backend, which work through any pooler."
+                    )
+        finally:
+            second.close()
+            if session is None:
+                first.close()
+        return None
+
+    def _open(self) -> Session:
+        """Open and configure a new dedicated session."""
         wrapper = DedicatedConnections.new_wrapper(self.using)
         try:
             wrapper.ensure_connection()

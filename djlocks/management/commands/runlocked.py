@@ -29,7 +29,8 @@ class Command(BaseCommand):
         f"command's own; 128+N if it died by signal N; {EXIT_CONFLICT} (or "
         f"--conflict-exit-code) if the lock was not acquired; {EXIT_LOST} if the lock was "
         f"lost while the command ran (the command is then terminated); {EXIT_UNAVAILABLE} "
-        f"if the lock store could not be reached; {USAGE_ERROR} for bad usage."
+        f"if the lock store could not be reached or cannot hold session locks (a pooler "
+        f"sharing server sessions); {USAGE_ERROR} for bad usage."
     )
     # Start-up time matters for a cron wrapper; `manage.py check` covers the checks.
     requires_system_checks: list[str] = []
@@ -119,6 +120,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         try:
             status = supervisor.run()
-        except BackendUnavailable as exc:
+        except (BackendUnavailable, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
         sys.exit(status)

@@ -1,0 +1,273 @@
+"""RELIABILITY.md's fault catalogue as data, and the results page built from a run.
+
+A test joins the catalogue with ``@pytest.mark.catalogue(ITEM, ..., backend=ALIAS)``
+(or a ``backend`` parameter); ``tests/conftest.py`` records each marked test's
+outcome per catalogue item and backend, and the bounds tests measure with the
+``bounds`` fixture, into ``$DJLOCKS_CATALOGUE_DIR/<database>.json``.
+
+``python -m tests.catalogue DIR`` merges the files of one run (one per
+database: ``make reliability`` runs SQLite, PostgreSQL and MariaDB) into the
+Markdown of ``docs/reliability.md``: item x backend (pass, FAIL, not
+applicable with the reason, or not yet tested) and the measured bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: The backends of RELIABILITY.md, by its letters, with where each one runs.
+COLUMNS = {
+    "L:sqlite": "lease, SQLite",
+    "L:postgresql": "lease, PostgreSQL",
+    "L:mysql": "lease, MariaDB",
+    "M:mysql": "GET_LOCK",
+    "P:postgresql": "advisory",
+    "R:sqlite": "row, SQLite",
+    "R:postgresql": "row, PostgreSQL",
+    "R:mysql": "row, MariaDB",
+    "D": "Redis",
+}
+
+
+@dataclass(frozen=True)
+class Item:
+    title: str
+    letters: str  # the backends it applies to (RELIABILITY.md's letters)
+    elsewhere: str = ""  # why it does not apply to the others
+
+
+ITEMS = {
+    1: Item("Exact counter under contention", "LMPRD"),
+    2: Item(
+        "Semaphore never exceeds N and reaches N",
+        "LMPRD",
+        "the row backend on SQLite has one write lock: semaphores are refused",
+    ),
+    3: Item("Try-lock burst: exactly one winner", "LMPRD"),
+    4: Item("Waiters progress one at a time, FIFO where promised", "LMPRD"),
+    5: Item("SIGKILL of the holder frees the name within G4", "LMPRD"),
+    6: Item(
+        "Paused session holder, then server-side kill",
+        "MP",
+        "a paused lease holder is item 7; a row lock ends with its transaction",
+    ),
+    7: Item(
+        "Paused lease holder is fenced",
+        "LD",
+        "a session or row lock does not expire while its holder is paused (item 6)",
+    ),
+    8: Item(
+        "Acquire reply delayed past the TTL is not believed",
+        "LD",
+        "session and row grants have no TTL to outlive",
+    ),
+    9: Item("Acquire reply lost after the store applied it", "LMPRD"),
+    10: Item("Release reply lost: the retried release is idempotent", "LMPRD"),
+    11: Item("Cancelled acquires leave nothing", "LMPRD"),
+    12: Item(
+        "Lost wake-up: the waiter acquires within the poll bound",
+        "LD",
+        "waiters block in the server, which grants them itself",
+    ),
+    13: Item(
+        "Client time-out while the server still waits",
+        "MP",
+        "a lease waiter's time-out is its own; a row waiter's ends its statement",
+    ),
+    14: Item(
+        "Django closing connections never leaves a false holder",
+        "MP",
+        "only session locks live on a connection that Django could close",
+    ),
+    15: Item(
+        "Server idle time-out of the lock session is noticed",
+        "MP",
+        "only session locks live as long as an idle session",
+    ),
+    16: Item(
+        "PgBouncer transaction pooling is refused",
+        "P",
+        "leases and row locks work through any pooler; GET_LOCK is MySQL's",
+    ),
+    17: Item(
+        "fork(): a child never uses the parent's session",
+        "MPD",
+        "lease rows and row locks use Django's per-process connections",
+    ),
+    18: Item("Two handles in one process exclude each other", "LMPRD"),
+    19: Item("The lock covers the commit", "LMPRD"),
+    20: Item(
+        "Deadlock between two names: a typed error for the victim",
+        "MPR",
+        "lease and Redis waits are polls and wake-ups, which cannot deadlock in the store",
+    ),
+    21: Item(
+        "Renewal under latency and after expiry",
+        "LD",
+        "session and row grants are not renewed: they live as long as the session",
+    ),
+    22: Item("Redis clock jump and restart", "D", "only Redis keeps grants in memory"),
+    23: Item("Forced release", "LMPRD"),
+    24: Item("runlocked supervision", "LMPRD"),
+    25: Item("The admin matches the store", "LMPRD"),
+    26: Item("SQLite with several processes", "L", "only the lease backend runs on SQLite"),
+}
+
+
+def column(letter: str, vendor: str) -> str:
+    """The results column of a backend (by letter) running on the database ``vendor``."""
+    return "D" if letter == "D" else f"{letter}:{vendor}"
+
+
+#: What the row backend on SQLite (SQLite's one write lock) can be tested for.
+ROW_ON_SQLITE = {1, 3, 5, 19, 24}
+
+
+def applies(number: int, key: str) -> bool:
+    letter = key.partition(":")[0]
+    if key == "R:sqlite":
+        return number in ROW_ON_SQLITE
+    if number == 26:
+        return key == "L:sqlite"
+    return letter in ITEMS[number].letters
+
+
+def column_of(test: Any) -> str:
+    """The results column of a collected test: its marker's ``backend``, or parameter."""
+    from django.db import connections
+
+    from djlocks.backends import backends
+    from djlocks.backends.lease import LeaseBackend
+    from djlocks.backends.mysql import GetLockBackend
+    from djlocks.backends.postgresql import AdvisoryLockBackend
+    from djlocks.backends.row import RowLockBackend
+
+    marker = test.get_closest_marker("catalogue")
+    alias = marker.kwargs.get("backend") or test.callspec.params["backend"]
+    backend = backends[alias]
+    letters = {
+        LeaseBackend: "L",
+        GetLockBackend: "M",
+        AdvisoryLockBackend: "P",
+        RowLockBackend: "R",
+    }
+    letter = next((v for k, v in letters.items() if isinstance(backend, k)), "D")
+    vendor = connections[getattr(backend, "using", "default")].vendor
+    return column(letter, vendor)
+
+
+@dataclass
+class Recorder:
+    """Collects, during a pytest run, each catalogue test's outcome and the bounds measured."""
+
+    outcomes: dict[str, tuple[list[int], str, str]] = field(default_factory=dict)
+    bounds: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def note(self, test: Any, report: Any) -> None:
+        """Record one phase's report (setup, call, teardown) of a catalogue test."""
+        marker = test.get_closest_marker("catalogue")
+        if marker is None:
+            return
+        if report.skipped:
+            return  # not applicable on this database: the results page says why
+        if report.failed:
+            outcome = "failed"
+        elif report.when == "call":
+            outcome = "passed"
+        else:
+            return
+        previous = self.outcomes.get(test.nodeid)
+        if previous is not None and previous[2] == "failed":
+            return  # a failure is never undone by a later phase
+        key = previous[1] if previous else column_of(test)
+        self.outcomes[test.nodeid] = (list(marker.args), key, outcome)
+
+    def bound(self, what: str, key: str, seconds: float) -> None:
+        self.bounds.append((what, key, seconds))
+
+    def write(self) -> None:
+        """Write ``$DJLOCKS_CATALOGUE_DIR/<database>.json`` if that variable is set."""
+        directory = os.environ.get("DJLOCKS_CATALOGUE_DIR")
+        if not directory:
+            return
+        from django.db import connection
+
+        results = [
+            (number, key, outcome)
+            for numbers, key, outcome in self.outcomes.values()
+            for number in numbers
+        ]
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        record = {"database": connection.vendor, "results": results, "bounds": self.bounds}
+        (Path(directory) / f"{connection.vendor}.json").write_text(json.dumps(record, indent=1))
+
+
+def render(runs: Iterable[dict[str, object]]) -> str:
+    """The Markdown results page for the recorded runs (see the module docstring)."""
+    outcomes: dict[tuple[int, str], set[str]] = defaultdict(set)
+    bounds: dict[tuple[str, str], list[float]] = defaultdict(list)
+    databases = []
+    for run in runs:
+        databases.append(str(run["database"]))
+        for number, key, outcome in run["results"]:  # type: ignore[attr-defined]
+            outcomes[int(number), key].add(outcome)
+        for what, key, seconds in run["bounds"]:  # type: ignore[attr-defined]
+            bounds[what, key].append(float(seconds))
+    lines = [
+        "# Reliability: the fault catalogue, backend by backend",
+        "",
+        "Generated by `make reliability` (the catalogue tests of `make test`, on "
+        f"{', '.join(databases)}) from ../shared/RELIABILITY.md's catalogue. "
+        "**pass**: every test of the item passed on that backend; **n/a**: the item "
+        "does not apply (reason below); **not yet tested**: it applies and no test "
+        "covers it yet.",
+        "",
+        "| # | item | " + " | ".join(COLUMNS.values()) + " |",
+        "|---|---|" + "---|" * len(COLUMNS),
+    ]
+    for number, item in ITEMS.items():
+        cells = [_cell(number, key, outcomes.get((number, key), set())) for key in COLUMNS]
+        lines.append(f"| {number} | {item.title} | " + " | ".join(cells) + " |")
+    lines += ["", "Not applicable:", ""]
+    lines += [f"- {n}: {item.elsewhere}" for n, item in ITEMS.items() if item.elsewhere]
+    lines += [
+        "- row, SQLite: the row backend there is SQLite's one write lock, tested for "
+        f"items {', '.join(map(str, sorted(ROW_ON_SQLITE)))} only; its fence is written in "
+        "the holder's transaction, so a killed holder's fence is issued again (item 5)",
+        "",
+        "## Measured bounds (seconds)",
+        "",
+        "| what | backend | runs | median | max |",
+        "|---|---|---|---|---|",
+    ]
+    for (what, key), samples in sorted(bounds.items()):
+        lines.append(
+            f"| {what} | {COLUMNS.get(key, key)} | {len(samples)} | "
+            f"{statistics.median(samples):.3f} | {max(samples):.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _cell(number: int, key: str, seen: set[str]) -> str:
+    if not applies(number, key):
+        return "n/a"
+    if "failed" in seen:
+        return "**FAIL**"
+    return "pass" if "passed" in seen else "not yet tested"
+
+
+def main(directory: str) -> None:
+    runs = [json.loads(path.read_text()) for path in sorted(Path(directory).glob("*.json"))]
+    sys.stdout.write(render(runs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
