@@ -209,6 +209,7 @@ class Lock:
         A grant that lives in a transaction djlocks opened (the row backend)
         ends with that transaction: committed, or rolled back on an exception.
         """
+        grant.refuse_in_a_forked_child()
         if grant.scope is not None and grant.thread != threading.get_ident():
             raise NotHeld(
                 f"The grant of {grant.name!r} lives in the database transaction of the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from django.utils import timezone
 
 from djlocks.backends.base import GrantRecord, LockBackend
 from djlocks.events import Kind, events
-from djlocks.exceptions import LockLost
+from djlocks.exceptions import LockLost, NotHeld
 from djlocks.identity import Identity
 from djlocks.signals import lock_lost
 
@@ -63,6 +64,7 @@ class Grant:
         #: The transaction the grant lives in, if djlocks opened one (the row backend).
         self.scope: AbstractContextManager[Any] | None = record.scope
         self.thread = threading.get_ident()
+        self.pid = os.getpid()
         self._guard = threading.Lock()
         # A lease counts from when its request was sent (a long wait in the queue
         # before it does not shorten it); a session's or transaction's grant from now.
@@ -94,7 +96,9 @@ class Grant:
 
         Asks the store (one round trip), so a forced release or a lease that
         another holder took over is seen at once, not only at the next renewal.
+        Raises ``NotHeld`` in a forked child (see ``refuse_in_a_forked_child``).
         """
+        self.refuse_in_a_forked_child()
         if self._released:
             raise LockLost(f"The grant of {self.name!r} was released.")
         if self._lost_reason is None and time.monotonic() >= self._believe_until:
@@ -108,11 +112,26 @@ class Grant:
         if self._lost_reason is not None:
             raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
 
+    def refuse_in_a_forked_child(self) -> None:
+        """Raise ``NotHeld`` in a process forked from the one that acquired the grant.
+
+        The grant, its session and its renewals belong to the parent (RELIABILITY.md
+        G10, item 17): a child that released or checked it through inherited
+        connections would end or disturb the parent's hold. No I/O.
+        """
+        if self.pid != os.getpid():
+            raise NotHeld(
+                f"The grant of {self.name!r} belongs to process {self.pid}, which acquired "
+                f"it; this process ({os.getpid()}) was forked from it and may not check or "
+                f"release it. Acquire the lock in this process instead."
+            )
+
     def release(self) -> None:
         """Release this grant, from any thread (``Lock.release()`` serves the acquiring one).
 
         Raises ``LockLost`` if the grant had already ended; the slot is free
-        either way afterwards.
+        either way afterwards. Raises ``NotHeld`` from another thread for a
+        grant that lives in a transaction, and in a forked child.
         """
         self.spec._release_specific(self)
 

@@ -27,12 +27,17 @@ class Heartbeat:
     """Schedules renewals of registered grants on a daemon thread."""
 
     def __init__(self) -> None:
+        self._order = itertools.count()
+        self.forget_the_parent()
+
+    def forget_the_parent(self) -> None:
+        """Start empty: at first, and in a forked child, whose parent's grants are the
+        parent's to renew (RELIABILITY.md item 17) and whose parent's thread and
+        lock states did not come along."""
         self._wake = threading.Condition()
         self._queue: list[tuple[float, int, Grant]] = []
-        self._order = itertools.count()
         self._active: set[Grant] = set()
         self._thread: threading.Thread | None = None
-        self._pid = 0
 
     def add(self, grant: Grant) -> None:
         with self._wake:
@@ -53,8 +58,7 @@ class Heartbeat:
             return len(self._active)
 
     def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
-            self._pid = os.getpid()
+        if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
 
@@ -103,3 +107,4 @@ class Heartbeat:
 
 
 heartbeat = Heartbeat()
+os.register_at_fork(after_in_child=heartbeat.forget_the_parent)

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from djlocks import Lock, Semaphore, db_lock
-from djlocks.backends import backends
 from djlocks.stress import StressPlan, run_stress
-from tests.workers import CONTEXT, start_worker, try_once, wait_in_line
+from tests.workers import CONTEXT, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 
@@ -72,41 +71,6 @@ def test_2_semaphore_with_two_holders_killed(backend: str) -> None:
         assert semaphore.acquire(timeout=1.5 + 1.0)
     for _ in range(3):
         semaphore.release()
-
-
-@pytest.mark.catalogue(3)
-def test_3_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
-    barrier = CONTEXT.Barrier(20)
-    report = CONTEXT.Queue()
-    workers = [start_worker(try_once, "t3", barrier, report, 1.0, backend) for _ in range(20)]
-    outcomes = [_get(report)[0] for _ in workers]
-    for worker in workers:
-        worker.join(30)
-    assert sorted(outcomes).count("won") == 1
-    assert sorted(outcomes).count("lost") == 19, outcomes
-
-
-@pytest.mark.catalogue(4)
-def test_4_waiters_are_served_first_come_first_served(backend: str) -> None:
-    holder = Lock("t4", ttl=30, backend=backend)
-    holder.acquire()
-    report = CONTEXT.Queue()
-    workers = []
-    for position, label in enumerate(["first", "second", "third"]):
-        workers.append(start_worker(wait_in_line, "t4", label, report, backend))
-        deadline = time.monotonic() + 30
-        while len(backends[backend].waiters("t4")) <= position:
-            assert time.monotonic() < deadline, "a waiter never queued"
-            time.sleep(0.02)
-    # A newcomer must not barge past the queue.
-    assert Lock("t4", backend=backend).acquire(timeout=0) is False
-    holder.release()
-    order = [_get(report) for _ in workers]
-    for worker in workers:
-        worker.join(30)
-    assert [label for label, _ in order] == ["first", "second", "third"]
-    fences = [fence for _, fence in order]
-    assert fences == sorted(fences)
 
 
 @pytest.mark.catalogue(7)

@@ -1,7 +1,7 @@
 """The Redis backend against a real Redis: what differs from the lease rows
 (keys, scripts, wake-ups, the restart of the server), and RELIABILITY.md items
-8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1-4 and 7
-run for it in test_lease_processes.py, 5 and 19 in test_reliability.py, 25 in
+8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1, 2 and 7
+run for it in test_lease_processes.py, 3-5, 17 and 19 in test_reliability.py, 25 in
 test_admin.py.
 
 The shared Redis (REDIS_URL) is used as is; the restart test starts a private

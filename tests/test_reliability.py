@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+import traceback
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -17,8 +19,18 @@ from django.db import connection
 
 from djlocks import db_lock
 from djlocks.backends import backends
+from djlocks.exceptions import NotHeld
+from djlocks.grant import Grant
 from project.demo.models import FencedCounter
-from tests.workers import CONTEXT, hold_then_report, read_modify_write, start_worker
+from tests.workers import (
+    CONTEXT,
+    acquired_in_another_thread,
+    hold_then_report,
+    read_modify_write,
+    start_worker,
+    try_once,
+    wait_in_line,
+)
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 
@@ -27,11 +39,59 @@ LEASES = ["default", "redis"]
 #: Backends whose grants the server ends with the holder's session or transaction.
 SERVER_HELD = ["row"] if connection.vendor == "sqlite" else ["session", "row"]
 BACKENDS = LEASES + SERVER_HELD
+#: Backends whose waiters queue (the row backend's are in tests/test_row_backend.py).
+QUEUEING = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
+#: Backends with something a forked child could inherit: a session, a connection pool.
+FORKABLE = ["redis"] if connection.vendor == "sqlite" else ["redis", "session"]
 #: On SQLite the row lock's fence is written in the holder's transaction, which the
 #: kill rolls back, so the next grant gets the same fence (documented in row_sqlite).
 FENCE_ROLLED_BACK = {"row"} if connection.vendor == "sqlite" else set()
 #: Seconds: the lease of the item 5 holder, and how often item 5 is repeated.
 CRASH_TTL, CRASH_ROUNDS = 1.5, 3
+
+
+@pytest.mark.catalogue(3)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_3_a_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
+    """20 processes released together by a barrier each try once (``timeout=0``):
+    one wins, 19 are told no, and none gets an error."""
+    barrier = CONTEXT.Barrier(20)
+    report = CONTEXT.Queue()
+    workers = [start_worker(try_once, "c3", barrier, report, 1.0, backend) for _ in range(20)]
+    outcomes = sorted(report.get(timeout=60)[0] for _ in workers)
+    for worker in workers:
+        worker.join(30)
+    assert outcomes.count("won") == 1 and outcomes.count("lost") == 19, outcomes
+
+
+@pytest.mark.catalogue(4)
+@pytest.mark.parametrize("backend", QUEUEING)
+def test_4_waiters_progress_one_at_a_time_in_order_where_promised(backend: str) -> None:
+    """Three queued waiters are served one by one after the holder's release, with
+    rising fences; a newcomer cannot barge in while they wait. The order is the
+    queue's everywhere but MySQL, whose GET_LOCK serves waiters in no set order."""
+    holder = db_lock("c4", ttl=30, backend=backend)
+    holder.acquire()
+    report = CONTEXT.Queue()
+    workers = []
+    for position, label in enumerate(["first", "second", "third"]):
+        workers.append(start_worker(wait_in_line, "c4", label, report, backend))
+        deadline = time.monotonic() + 30
+        while len(backends[backend].waiters("c4")) <= position:
+            assert time.monotonic() < deadline, "a waiter never queued"
+            time.sleep(0.02)
+    assert not db_lock("c4", backend=backend).acquire(timeout=0), "a newcomer barged in"
+    holder.release()
+    served = [report.get(timeout=60) for _ in workers]
+    for worker in workers:
+        worker.join(30)
+    fences = [fence for _, fence in served]
+    assert fences == sorted(fences) and len(set(fences)) == 3
+    labels = [label for label, _ in served]
+    if backend == "session" and connection.vendor == "mysql":
+        assert sorted(labels) == ["first", "second", "third"]
+    else:
+        assert labels == ["first", "second", "third"]
 
 
 @pytest.mark.catalogue(5, 26)
@@ -94,3 +154,40 @@ def _counted_by_four_workers(counter: str, lock_name: str | None, backend: str =
     for worker in workers:
         worker.join(20)
     return FencedCounter.objects.get(name=counter).value
+
+
+@pytest.mark.catalogue(17)
+@pytest.mark.parametrize("backend", FORKABLE)
+def test_17_a_forked_child_never_uses_its_parents_grant(backend: str) -> None:
+    """The child can neither release nor check the parent's grant (``NotHeld``, no
+    I/O), does not get in through the parent's session, does not renew the parent's
+    grant, and takes locks of its own; the parent holds on throughout."""
+    with db_lock("c17", backend=backend, ttl=3) as grant:
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            child = os.fork()
+        if child == 0:
+            os._exit(_what_a_forked_child_may_do(grant, backend))
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "see the child's report above"
+        grant.check()
+        assert not acquired_in_another_thread(db_lock("c17", backend=backend))
+
+
+def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
+    """Run in a forked child; the exit status says what went wrong (0: nothing)."""
+    try:
+        for forbidden in (grant.release, grant.check):
+            try:
+                forbidden()
+            except NotHeld:
+                continue
+            return 10
+        if db_lock(grant.name, backend=backend).acquire(timeout=0):
+            return 11  # got in beside the parent: through its session?
+        with db_lock("c17:child", backend=backend, ttl=0.6):
+            time.sleep(0.5)  # the child's heartbeat runs (every 0.2 s), for its own grant only
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        return 12

@@ -9,13 +9,14 @@ SQLite has no session locks, so the sqlite run does not collect them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -32,9 +33,15 @@ from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
-from tests.faults import PgBouncer
+from tests.faults import PgBouncer, TcpProxy
 from tests.processes import manage
-from tests.workers import CONTEXT, start_worker, wait_in_line
+from tests.workers import (
+    CONTEXT,
+    acquired_in_another_thread,
+    hold_without_renewal_then_release,
+    start_worker,
+    wait_in_line,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("store"),
@@ -62,11 +69,7 @@ def test_two_handles_in_one_process_exclude_each_other() -> None:
     with lock() as grant:
         assert grant.expires_at is None
         assert not lock().acquire(timeout=0), "same thread, second handle"
-        outcome: list[bool] = []
-        other = threading.Thread(target=lambda: outcome.append(lock().acquire(timeout=0)))
-        other.start()
-        other.join()
-        assert outcome == [False], "another thread"
+        assert not acquired_in_another_thread(lock()), "another thread"
     again = lock()
     assert again.acquire(timeout=0), "free again after release"
     again.release()
@@ -91,6 +94,153 @@ def assert_free_within_a_second(name: str) -> None:
     assert survivor.acquire(timeout=5)
     assert time.monotonic() - began < 1
     survivor.release()
+
+
+@pytest.mark.catalogue(6, backend=SESSION)
+def test_6_a_paused_holder_keeps_its_lock_until_the_server_kills_its_session() -> None:
+    """SIGSTOP alone frees nothing (a session lock has no lease); an administrator's
+    kill of the session does, and the woken holder learns it lost, never success."""
+    report, go = CONTEXT.Queue(), CONTEXT.Event()
+    worker = start_worker(hold_without_renewal_then_release, "s:paused", 3, report, go, SESSION)
+    state, old_fence = report.get(timeout=30)
+    assert state == "held" and worker.pid is not None
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        assert not lock("s:paused").acquire(timeout=1.0), "a pause alone freed a session lock"
+        (holder,) = backends[SESSION].holders("s:paused")
+        kill_session(holder.connection_id)
+        with lock("s:paused", timeout=5) as grant:
+            assert grant.fence > old_fence
+            os.kill(worker.pid, signal.SIGCONT)
+            go.set()
+            state, said = report.get(timeout=30)
+            assert state == "lost", said
+            grant.check()  # the woken holder's release freed nothing of ours
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        go.set()
+        worker.join(20)
+
+
+def kill_session(connection_id: int) -> None:
+    """End a server session as an administrator would, not through djlocks."""
+    if connection.vendor == "postgresql":
+        sql = "SELECT pg_terminate_backend(%s)"
+    else:
+        sql = "KILL CONNECTION %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [connection_id])
+
+
+@pytest.mark.catalogue(13, backend=SESSION)
+def test_13_a_waiter_whose_connection_failed_is_ended_in_the_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A waiter (another process, connected through a TCP proxy) waits in the server;
+    its connection fails. The server may not notice while it waits, so djlocks ends
+    that session: it is no longer a waiter, and nobody holds the name for it later."""
+    proxy = TcpProxy(int(connection.settings_dict["PORT"]))
+    try:
+        with lock("s:gave-up"):
+            report = CONTEXT.Queue()
+            with monkeypatch.context() as patched:
+                patched.setenv("DJLOCKS_DB_PORT", str(proxy.port))
+                waiter = start_worker(wait_in_line, "s:gave-up", "doomed", report, SESSION)
+            deadline = time.monotonic() + 20
+            while not backends[SESSION].waiters("s:gave-up"):
+                assert time.monotonic() < deadline, "the waiter never showed in the server"
+                time.sleep(0.05)
+            cut = time.monotonic()
+            proxy.cut()
+            waiter.join(20)
+            assert waiter.exitcode not in (0, None), "the waiter's acquire did not fail"
+            while backends[SESSION].waiters("s:gave-up"):
+                assert time.monotonic() - cut < 2, "the server still waits for a lost client"
+                time.sleep(0.05)
+    finally:
+        proxy.close()
+    assert backends[SESSION].holders("s:gave-up") == []
+    with lock("s:gave-up", timeout=0):
+        pass
+
+
+@pytest.mark.catalogue(14, backend=SESSION)
+def test_14_django_closing_its_connections_leaves_the_lock_held() -> None:
+    """Django closes and recycles its own connections (end of request, CONN_MAX_AGE 0
+    or 60, health checks, close_all); the lock lives on djlocks' own and stays held."""
+    from django.core.signals import request_finished, request_started
+    from django.db import close_old_connections, connections
+
+    saved = dict(connection.settings_dict)
+    with lock("s:django") as grant:
+        try:
+            for max_age in (0, 60):
+                connection.settings_dict.update(CONN_MAX_AGE=max_age, CONN_HEALTH_CHECKS=True)
+                connection.ensure_connection()
+                request_started.send(sender=None)
+                request_finished.send(sender=None)
+                close_old_connections()
+                grant.check()
+            connections.close_all()
+        finally:
+            connection.settings_dict.clear()
+            connection.settings_dict.update(saved)
+        grant.check()
+        assert [h.fence for h in backends[SESSION].holders("s:django")] == [grant.fence]
+        assert not acquired_in_another_thread(lock("s:django"))
+
+
+@pytest.mark.catalogue(15, backend=SESSION)
+def test_15_a_server_idle_limit_never_drops_a_held_lock_silently(
+    bounds: Callable[[str, float], None],
+) -> None:
+    """With the server's idle limit at 1 s for new sessions, a lock held idle for 2.5 s
+    (no heartbeat) stays held: djlocks lifts the limit for its own sessions. A session
+    the server ends anyway is reported lost within one heartbeat (TTL/3)."""
+    with server_idle_limit_of_one_second():
+        backends.reset()  # sessions opened from now on
+        idle = Lock("s:idle", backend=SESSION, ttl=10, renew=False)
+        with idle as grant:
+            time.sleep(2.5)
+            grant.check()
+            assert not acquired_in_another_thread(lock("s:idle"))
+    lost_at: list[float] = []
+    ttl = 1.5
+    killed = Lock(
+        "s:killed", backend=SESSION, ttl=ttl, on_lost=lambda *_: lost_at.append(time.monotonic())
+    ).acquire_grant()
+    assert killed is not None
+    (holder,) = backends[SESSION].holders("s:killed")
+    began = time.monotonic()
+    kill_session(holder.connection_id)
+    while not lost_at:
+        assert time.monotonic() - began < 5, "the heartbeat never noticed"
+        time.sleep(0.01)
+    learned = lost_at[0] - began
+    assert learned < ttl / 3 + 0.3, learned
+    bounds(f"holder learns its killed session ended after (TTL {ttl} s)", learned)
+    with pytest.raises(LockLost):
+        killed.release()
+
+
+@contextlib.contextmanager
+def server_idle_limit_of_one_second() -> Iterator[None]:
+    """New sessions of the test database get a 1 s idle limit, as a strict server would
+    (PostgreSQL ``idle_session_timeout`` for the database, MySQL ``wait_timeout``)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            database = connection.ops.quote_name(connection.settings_dict["NAME"])
+            cursor.execute(f"ALTER DATABASE {database} SET idle_session_timeout = '1s'")
+            restore = f"ALTER DATABASE {database} RESET idle_session_timeout"
+        else:
+            cursor.execute("SELECT @@GLOBAL.wait_timeout")
+            restore = f"SET GLOBAL wait_timeout = {int(cursor.fetchone()[0])}"
+            cursor.execute("SET GLOBAL wait_timeout = 1")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(restore)
 
 
 @pytest.mark.catalogue(23, backend=SESSION)

@@ -1,4 +1,5 @@
-"""Bodies of worker processes started with ``spawn`` by the tests.
+"""Bodies of worker processes started with ``spawn`` by the tests, and a
+one-off attempt from another thread.
 
 ``start_worker`` passes the test databases' names, so each child calls
 ``django.setup()`` against the same real test database as the parent.
@@ -9,11 +10,29 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import threading
 import time
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 CONTEXT = multiprocessing.get_context("spawn")
+
+
+def acquired_in_another_thread(lock: Any) -> bool:
+    """Whether ``lock`` (a ``djlocks.Lock``) is granted at once to a new thread, which
+    gives it back at once: another holder as far as the backend can tell."""
+    outcome: list[bool] = []
+
+    def attempt() -> None:
+        granted = lock.acquire(timeout=0)
+        if granted:
+            lock.release()
+        outcome.append(granted)
+
+    other = threading.Thread(target=attempt)
+    other.start()
+    other.join(30)
+    return outcome[0]
 
 
 def start_worker(target: Any, *args: Any) -> BaseProcess:

@@ -281,6 +281,21 @@ class SessionBackend(LockBackend):
             raise
         self._checkin(session)
 
+    def _end(self, session: Session) -> None:
+        """End ``session`` in the server, then close it, after an acquire went wrong.
+
+        Closing alone is not enough: a client whose connection failed or timed
+        out may be gone while its session still waits in the server, which
+        notices a vanished client only when it next writes to it (PostgreSQL
+        without ``client_connection_check_interval``), so the session would be
+        granted the lock and hold it for nobody (RELIABILITY.md item 13). It is
+        killed from another session; if the server cannot be reached, it ends
+        the session itself once it sees the connection closed.
+        """
+        with contextlib.suppress(BackendUnavailable, DatabaseError), self._side_session() as side:
+            self._kill(side, session.connection_id, None)
+        session.close()
+
     def _kill_aside(self, victim: Session) -> None:
         """End ``victim``'s session from another one, in a new thread (see ``Abort``)."""
 
@@ -312,14 +327,14 @@ class SessionBackend(LockBackend):
             token = secrets.token_hex(16)
             fence = self._record(session, request, slot, token)
         except DatabaseError as exc:
-            session.close()  # the server frees whatever this session may have been granted
+            self._end(session)  # whatever it may have been granted or still waits for
             if abort and abort.is_set():
                 return None
             raise BackendUnavailable(
                 f"djlocks backend {self.alias!r} failed while acquiring {request.name!r}: {exc}"
             ) from exc
         except BaseException:
-            session.close()
+            self._end(session)
             raise
         with self._guard:
             self._held[token] = _Held(session, self._slot_key(request, slot))
