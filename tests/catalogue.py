@@ -135,12 +135,16 @@ def column(letter: str, vendor: str) -> str:
 
 #: What the row backend on SQLite (SQLite's one write lock) can be tested for.
 ROW_ON_SQLITE = {1, 3, 5, 19, 24}
+#: Items about replies lost or delayed on the network: SQLite is a file, not a server.
+NETWORK_ITEMS = {8, 9, 10}
 
 
 def applies(number: int, key: str) -> bool:
     letter = key.partition(":")[0]
     if key == "R:sqlite":
         return number in ROW_ON_SQLITE
+    if key == "L:sqlite" and number in NETWORK_ITEMS:
+        return False
     if number == 26:
         return key == "L:sqlite"
     return letter in ITEMS[number].letters
@@ -250,6 +254,7 @@ def render(runs: Iterable[dict[str, object]]) -> str:
         "- row, SQLite: the row backend there is SQLite's one write lock, tested for "
         f"items {', '.join(map(str, sorted(ROW_ON_SQLITE)))} only; its fence is written in "
         "the holder's transaction, so a killed holder's fence is issued again (item 5)",
+        "- lease, SQLite: items 8-10 are about replies lost on the network; SQLite is a file",
         "",
         "## Measured bounds (seconds)",
         "",

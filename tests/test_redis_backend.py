@@ -383,6 +383,28 @@ def test_22_a_redis_restart_is_reported_and_fences_never_go_backwards(
         restored.release()
 
 
+@pytest.mark.catalogue(22, backend="redis")
+def test_22_the_effects_of_a_redis_clock_jump_are_reported_and_fences_still_rise() -> None:
+    """A jump of Redis's clock ahead expires leases early; a jump back makes ``TIME``
+    smaller than the fences already issued. libfaketime cannot run Debian's
+    redis-server (it clashes with jemalloc), so both effects are made directly: the
+    lease is expired now, and the name's last fence is one issued an hour ahead."""
+    store = backends[REDIS].redis()
+    meta = redis_meta_key(cast(RedisBackend, backends[REDIS]).prefix, "r:jump")
+    before = lock("r:jump", renew=False).acquire_grant()
+    assert before is not None
+    store.pexpire(meta.removesuffix(":m") + ":s:0", 1)  # the lease's key, as if an hour passed
+    time.sleep(0.01)
+    with pytest.raises(LockLost):
+        before.check()
+    from_an_hour_ahead = before.fence + 3600 * 10**6  # fences count microseconds of TIME
+    store.hset(meta, "fence", from_an_hour_ahead)
+    with lock("r:jump", timeout=0) as after:
+        assert after.fence > from_an_hour_ahead
+    with pytest.raises(LockLost):
+        before.release()
+
+
 def runlocked(*args: str) -> subprocess.Popen[str]:
     command = [*manage_command(current_database_names()), "runlocked", "--backend", REDIS]
     return subprocess.Popen([*command, *args], text=True)

@@ -22,10 +22,12 @@ from djlocks.backends import backends
 from djlocks.exceptions import NotHeld
 from djlocks.grant import Grant
 from project.demo.models import FencedCounter
+from tests.faults import TcpProxy
 from tests.workers import (
     CONTEXT,
     acquired_in_another_thread,
     hold_then_report,
+    obey,
     read_modify_write,
     start_worker,
     try_once,
@@ -41,6 +43,9 @@ SERVER_HELD = ["row"] if connection.vendor == "sqlite" else ["session", "row"]
 BACKENDS = LEASES + SERVER_HELD
 #: Backends whose waiters queue (the row backend's are in tests/test_row_backend.py).
 QUEUEING = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
+#: Backends whose store is a server on the network, whose replies a TCP proxy can lose
+#: (Redis: tests/test_redis_backend.py; row locks: tests/test_row_backend.py).
+NETWORKED = [] if connection.vendor == "sqlite" else ["default", "session"]
 #: Backends with something a forked child could inherit: a session, a connection pool.
 FORKABLE = ["redis"] if connection.vendor == "sqlite" else ["redis", "session"]
 #: On SQLite the row lock's fence is written in the holder's transaction, which the
@@ -191,3 +196,57 @@ def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
     except BaseException:
         traceback.print_exc()
         return 12
+
+
+@pytest.mark.catalogue(8, 9, 10)
+@pytest.mark.parametrize("backend", NETWORKED)
+def test_8_9_10_late_and_lost_replies_leave_no_orphan_and_free_nothing_newer(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder in another process talks to the server through a TCP proxy.
+    8 (leases): its acquire's replies come later than its TTL: it does not believe,
+    and nothing of it stays. 9: the acquire is applied and its reply lost, then the
+    connection fails: the grant ends (at its TTL, or with its session), never two
+    holders. 10: the release is applied and its reply lost: the retried release
+    raises LockLost and leaves the newer holder's grant alone."""
+    ttl = 1.0
+    proxy = TcpProxy(int(connection.settings_dict["PORT"]))
+    orders, report = CONTEXT.Queue(), CONTEXT.Queue()
+    with monkeypatch.context() as patched:
+        patched.setenv("DJLOCKS_DB_PORT", str(proxy.port))
+        holder = start_worker(obey, "c9", backend, ttl, orders, report)
+
+    def order(what: str) -> str:
+        orders.put(what)
+        return str(report.get(timeout=60))
+
+    def order_then_lose_the_reply(what: str) -> str:
+        proxy.drop_replies = True
+        orders.put(what)
+        time.sleep(1.0)  # the request reaches the server; the reply goes nowhere
+        proxy.cut()
+        proxy.heal()
+        return str(report.get(timeout=60))
+
+    try:
+        assert (order("acquire"), order("release")) == ("held", "released")  # connected
+        if backend in LEASES:
+            proxy.reply_delay = 1.2
+            assert order("acquire") == "not acquired", "a grant that came too late is believed"
+            proxy.heal()
+            time.sleep(ttl)
+            assert backends[backend].holders("c9") == []
+        assert order_then_lose_the_reply("acquire") == "BackendUnavailable"
+        assert len(backends[backend].holders("c9")) <= 1
+        began = time.monotonic()
+        with db_lock("c9", backend=backend, timeout=5):
+            assert time.monotonic() - began < ttl + 1.0, "the orphan outlived its TTL"
+        assert order("acquire") == "held"
+        assert order_then_lose_the_reply("release") in ("BackendUnavailable", "LockLost")
+        with db_lock("c9", backend=backend, timeout=5) as newer:
+            assert order("release") == "LockLost", "a retried release freed a newer grant"
+            newer.check()
+    finally:
+        orders.put("stop")
+        holder.join(20)
+        proxy.close()

@@ -138,3 +138,23 @@ def read_modify_write(
             time.sleep(random.uniform(0, 0.002))
             FencedCounter.objects.filter(pk=row.pk).update(value=row.value + 1)
     report.put(("done", os.getpid()))
+
+
+def obey(name: str, backend: str, ttl: float, orders: Any, report: Any) -> None:
+    """Acquire (``timeout=0``) or release ``name`` as ``orders`` say, until "stop";
+    report each outcome: "held", "not acquired", "released", or the exception's class."""
+    from djlocks import Lock
+
+    lock = Lock(name, ttl=ttl, renew=False, backend=backend)
+    grant = None
+    while (order := orders.get(timeout=120)) != "stop":
+        try:
+            if order == "acquire":
+                grant = lock.acquire_grant(timeout=0)
+                report.put("held" if grant else "not acquired")
+            else:
+                assert grant is not None
+                grant.release()
+                report.put("released")
+        except Exception as exc:
+            report.put(type(exc).__name__)
