@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
+from django.db import connection
 
 from djlocks import AlreadyHeld, Lock, LockLost, NotAcquired, NotHeld, db_lock, db_semaphore
 from djlocks.backends import backends
@@ -198,3 +200,49 @@ def test_async_with_and_cancelled_acquires_leave_nothing() -> None:
             pass
 
     asyncio.run(scenario())
+
+
+@pytest.mark.catalogue(12, backend="default")
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: only PostgreSQL's lease waiters are notified (LISTEN/NOTIFY); "
+    "on other databases they poll",
+)
+def test_12_a_cut_notification_path_costs_at_most_a_poll(
+    bounds: Callable[[str, float], None],
+) -> None:
+    """The waiter's LISTEN session is terminated in the server; the holder's release is
+    then never heard, and the waiter still gets the lock within its fallback poll."""
+    holder = Lock("l:wake", ttl=30)
+    holder.acquire()
+    granted_at: list[float] = []
+
+    def wait() -> None:
+        waiter = Lock("l:wake", ttl=30)
+        if waiter.acquire(timeout=20):
+            granted_at.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not backends["default"].waiters("l:wake"):
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.02)
+    cut = 0
+    while not cut:  # the waiter queues first, then starts listening
+        assert time.monotonic() < deadline, "no listening session to cut"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN djlocks_lease%%' AND pid <> pg_backend_pid()"
+            )
+            cut = cursor.fetchone()[0]
+    time.sleep(0.2)  # the waiter finds its listener gone and falls back to polling
+    released = time.monotonic()
+    holder.release()
+    thread.join(30)
+    assert granted_at, "the waiter never got the lock"
+    waited = granted_at[0] - released
+    assert waited < 0.5, waited
+    bounds("waiter granted after a release it could not hear", waited)

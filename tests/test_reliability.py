@@ -19,8 +19,9 @@ from django.db import connection
 
 from djlocks import db_lock
 from djlocks.backends import backends
-from djlocks.exceptions import NotHeld
+from djlocks.exceptions import LockLost, NotHeld
 from djlocks.grant import Grant
+from djlocks.inspection import force_release
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
 from tests.workers import (
@@ -46,6 +47,9 @@ QUEUEING = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
 #: Backends whose store is a server on the network, whose replies a TCP proxy can lose
 #: (Redis: tests/test_redis_backend.py; row locks: tests/test_row_backend.py).
 NETWORKED = [] if connection.vendor == "sqlite" else ["default", "session"]
+#: Backends whose holders a heartbeat checks and that an operator can release by force
+#: (a row lock's holder learns it at its commit: tests/test_row_backend.py).
+FORCEABLE = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
 #: Backends with something a forked child could inherit: a session, a connection pool.
 FORKABLE = ["redis"] if connection.vendor == "sqlite" else ["redis", "session"]
 #: On SQLite the row lock's fence is written in the holder's transaction, which the
@@ -250,3 +254,28 @@ def test_8_9_10_late_and_lost_replies_leave_no_orphan_and_free_nothing_newer(
         orders.put("stop")
         holder.join(20)
         proxy.close()
+
+
+@pytest.mark.catalogue(23)
+@pytest.mark.parametrize("backend", FORCEABLE)
+def test_23_a_holder_learns_of_a_forced_release_within_a_heartbeat(
+    backend: str, bounds: Callable[[str, float], None]
+) -> None:
+    """After a forced release the holder's heartbeat (every TTL/3) finds the grant gone
+    and says so (``on_lost``); its own release then raises LockLost."""
+    ttl = 1.5
+    lost_at: list[float] = []
+    grant = db_lock(
+        "c23", backend=backend, ttl=ttl, on_lost=lambda *_: lost_at.append(time.monotonic())
+    ).acquire_grant()
+    assert grant is not None
+    began = time.monotonic()
+    assert len(force_release(backends[backend].holders("c23"))) == 1
+    while not lost_at:
+        assert time.monotonic() - began < 5, "the holder never learned"
+        time.sleep(0.01)
+    learned = lost_at[0] - began
+    assert learned < ttl / 3 + 0.3, learned
+    bounds(f"holder learns of a forced release after (TTL {ttl} s)", learned)
+    with pytest.raises(LockLost):
+        grant.release()
