@@ -22,9 +22,7 @@ Usage: DJLOCKS_DB=postgresql python bench/redis_locks.py [--quick]
 
 from __future__ import annotations
 
-import itertools
 import json
-import multiprocessing
 import os
 import statistics
 import sys
@@ -35,7 +33,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
 import django  # noqa: E402
 
@@ -47,6 +45,8 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
+from bench import contention  # noqa: E402
+from bench.contention import Workload  # noqa: E402
 from djlocks import Lock, Semaphore  # noqa: E402
 from djlocks.percentiles import percentile  # noqa: E402
 
@@ -122,105 +122,30 @@ def uncontended(pairs: int, rounds: int) -> tuple[float, list[dict[str, Any]]]:
     ]
 
 
-def worker(contender: str, iterations: int, limit: int, hold: float, start: Any, out: Any) -> None:
-    """One contending process: its operations as (asked, got, done, pid) in monotonic ns."""
-    import django
+def context(contender: str) -> Any:
+    return history(contender)
 
-    django.setup()
+
+def counter(contender: str) -> tuple[Callable[[], int], Callable[[int], object]]:
+    """GET and SET of the shared counter on the worker's own connection."""
     own = client()
-    if limit > 1:
-        semaphore = Semaphore(NAME + ":sem", limit=limit, backend="redis", ttl=30)
-        acquire, release = semaphore.acquire, semaphore.release
-    else:
-        acquire, release = handle(contender)
-    records = []
-    with history(contender):
-        acquire()  # warm-up: connections, scripts, the wake-up subscription
-        release()
-        start.wait()
-        for _ in range(iterations):
-            asked = time.monotonic_ns()
-            acquire()
-            got = time.monotonic_ns()
-            value = int(own.get(COUNTER) or 0)
-            if hold:
-                time.sleep(hold)
-            own.set(COUNTER, value + 1)
-            done = time.monotonic_ns()
-            release()
-            records.append((asked, got, done, os.getpid()))
-    out.put(records)
+    return lambda: int(own.get(COUNTER) or 0), lambda value: own.set(COUNTER, value)
 
 
-def contended(
-    contender: str, processes: int, iterations: int, limit: int = 1, hold: float = 0.0
-) -> dict[str, Any]:
-    context = multiprocessing.get_context("spawn")
-    client().set(COUNTER, 0)
-    start, out = context.Event(), context.Queue()
-    workers = [
-        context.Process(target=worker, args=(contender, iterations, limit, hold, start, out))
-        for _ in range(processes)
-    ]
-    for process in workers:
-        process.start()
-    time.sleep(3)  # every worker has started Django and is at the start line
-    began = time.monotonic()
-    start.set()
-    operations = sorted(
-        (record for _ in workers for record in out.get(timeout=600)), key=lambda r: r[1]
+def locking(contender: str, limit: int) -> Handle:
+    if limit == 1:
+        return handle(contender)
+    semaphore = Semaphore(NAME + ":sem", limit=limit, backend="redis", ttl=30)
+    return semaphore.acquire, semaphore.release
+
+
+def contended(contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
+    workload = Workload("bench.redis_locks", contender, 8, iterations, limit, hold)
+    return contention.contended(
+        workload,
+        reset=lambda: client().set(COUNTER, 0),
+        final_count=lambda: int(client().get(COUNTER) or 0),
     )
-    elapsed = time.monotonic() - began
-    for process in workers:
-        process.join(60)
-    expected = processes * iterations
-    result = {
-        "contender": contender,
-        "ops_per_s": round(expected / elapsed, 1),
-        "max_concurrent": most_at_once(operations),
-    }
-    if limit == 1:  # with 3 holders the counter is meant to lose updates
-        result["lost_updates"] = expected - int(client().get(COUNTER) or 0)
-        result.update(handoff_and_barging(operations))
-    else:
-        result["share_of_ideal"] = round(result["ops_per_s"] / (limit / hold), 3)
-    waits = [(got - asked) / 1e6 for asked, got, _, _ in operations]
-    result["wait_ms_p99"] = round(percentile(waits, 99) or 0, 2)
-    result["wait_ms_max"] = round(max(waits), 2)
-    return result
-
-
-def most_at_once(operations: list[tuple[int, int, int, int]]) -> int:
-    """The most critical sections (acquire returned -> counter written) open at one time."""
-    edges = sorted(
-        [(got, 1) for _, got, _, _ in operations] + [(done, -1) for _, _, done, _ in operations]
-    )
-    open_now = most = 0
-    for _, step in edges:
-        open_now += step
-        most = max(most, open_now)
-    return most
-
-
-def handoff_and_barging(operations: list[tuple[int, int, int, int]]) -> dict[str, Any]:
-    handoffs, barged, contested = [], 0, 0
-    for previous, current in itertools.pairwise(operations):
-        _, _, released, holder = previous
-        someone_waited = any(
-            asked < released < got and pid != holder for asked, got, _, pid in operations
-        )
-        if not someone_waited:
-            continue
-        contested += 1
-        barged += current[3] == holder
-        if current[0] < released:  # the next holder was already waiting
-            handoffs.append((current[1] - released) / 1e6)
-    return {
-        "overlaps": sum(1 for a, b in itertools.pairwise(operations) if b[1] < a[2]),
-        "handoff_ms_p50": round(statistics.median(handoffs), 3) if handoffs else None,
-        "handoff_ms_p99": round(percentile(handoffs, 99) or 0, 3) if handoffs else None,
-        "barging_pct": round(100 * barged / contested, 1) if contested else 0.0,
-    }
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -228,8 +153,8 @@ def run(quick: bool) -> dict[str, Any]:
     pairs, rounds = (400, 4) if quick else (2000, 10)
     floor, table = uncontended(pairs, rounds)
     iterations = 50 if quick else 200
-    lock_runs = [contended(contender, 8, iterations) for contender in CONTENDERS]
-    semaphore = contended(CONTENDERS[0], 8, 25 if quick else 100, limit=3, hold=0.005)
+    lock_runs = [contended(contender, iterations) for contender in CONTENDERS]
+    semaphore = contended(CONTENDERS[0], 25 if quick else 100, limit=3, hold=0.005)
     return {
         "floor_us": round(floor * 1e6, 1),
         "pairs": pairs,

@@ -20,7 +20,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql", "mysql")
-WORKLOADS = ("uncontended", "dashboard_scale")
+WORKLOADS = ("uncontended", "database_locks", "runlocked_startup", "dashboard_scale")
+RAW = ("raw GET_LOCK / RELEASE_LOCK", "raw pg_advisory_lock / unlock")
 
 
 def measure(workload: str, database: str, quick: bool) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def measure(workload: str, database: str, quick: bool) -> dict[str, Any]:
     print(f"  {workload} on {database} ...", file=sys.stderr, flush=True)
     finished = subprocess.run(
         command,
-        env={**os.environ, "DJLOCKS_DB": database},
+        env={**os.environ, "DJLOCKS_DB": database, "DJANGO_SETTINGS_MODULE": "bench.settings"},
         capture_output=True,
         text=True,
         check=True,
@@ -74,6 +75,8 @@ def render(report: dict[str, Any]) -> str:
                 f"| {run['database']} | {run['floor_us']} µs | {row['contender']} | "
                 f"{row['median_us']} µs | {row['p99_us']} µs | {row['x_rtt']} |"
             )
+    lines += render_contended(report["database_locks"])
+    lines += render_runlocked(report["runlocked_startup"])
     lines += [
         "",
         "## Scale (workload 6): 10,000 held names and 1,000 waiters",
@@ -88,15 +91,71 @@ def render(report: dict[str, Any]) -> str:
             f"{run['overview_json_s']} s | {run['name_page_s']} s | {run['list_json_s']} s |"
         )
     lines += render_redis(report["redis_locks"])
+    return "\n".join(lines) + "\n"
+
+
+def render_contended(runs: list[dict[str, Any]]) -> list[str]:
+    """Workloads 3 and 4 on the databases, each contender beside the raw primitive."""
+    lines = [
+        "",
+        "## Contended lock on the databases (workload 3)",
+        "",
+        "8 processes, each acquire -> read a counter row -> write it + 1 -> release. "
+        "`vs raw`: ops/s over the raw primitive's (GET_LOCK, pg_advisory_lock) in the same run.",
+        "",
+        "| database | contender | ops/s | vs raw | lost updates | overlaps "
+        "| hand-off p50 / p99 | barging | wait p99 / max |",
+        "|---|---|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for run in runs:
+        raw = next((r for r in run["contended"] if r["contender"] in RAW), None)
+        for row in run["contended"]:
+            versus = f"{row['ops_per_s'] / raw['ops_per_s']:.2f}" if raw else "-"
+            lines.append(
+                f"| {run['database']} | {row['contender']} | {row['ops_per_s']} | {versus} | "
+                f"{row['lost_updates']} | {row['overlaps']} | "
+                f"{row['handoff_ms_p50']} / {row['handoff_ms_p99']} ms | "
+                f"{row['barging_pct']} % | {row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
+            )
     lines += [
         "",
-        "## Not measured yet",
+        "## Semaphore on the databases (workload 4)",
         "",
-        "Workloads 3 and 4 on the databases, 5 (runlocked; figures in the README from its "
-        "own test), the 1,000 waiters on one name, and the database peers (django-mysql, "
-        "django-pglock, django-db-mutex) join this harness next (issue 9).",
+        "Limit 3, 8 processes, 5 ms hold; the ideal is 600 ops/s. The peer is the server's "
+        "own lock on 3 slot keys tried in turn, sleeping 2 ms between rounds.",
+        "",
+        "| database | contender | ops/s | share of ideal | most holders at once | wait p99 / max |",
+        "|---|---|---:|---:|---:|---|",
     ]
-    return "\n".join(lines) + "\n"
+    for run in runs:
+        for row in run["semaphore"]:
+            lines.append(
+                f"| {run['database']} | {row['contender']} | {row['ops_per_s']} | "
+                f"{row['share_of_ideal']:.0%} | {row['max_concurrent']} | "
+                f"{row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
+            )
+    return lines
+
+
+def render_runlocked(runs: list[dict[str, Any]]) -> list[str]:
+    """Workload 5: ``runlocked NAME -- true`` over ``manage.py version``."""
+    lines = [
+        "",
+        "## runlocked (workload 5)",
+        "",
+        "Median wall time of `manage.py runlocked bench:runlocked --backend ALIAS -- true` "
+        "over that of `manage.py version` (Django's start-up), runs interleaved.",
+        "",
+        "| database | `manage.py version` | backend | runlocked | x version |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for run in runs:
+        for row in run["runlocked"]:
+            lines.append(
+                f"| {run['database']} | {run['version_s']} s | {row['backend']} | "
+                f"{row['median_s']} s | {row['x_version']} |"
+            )
+    return lines
 
 
 def render_redis(run: dict[str, Any]) -> list[str]:

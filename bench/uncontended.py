@@ -1,10 +1,11 @@
 """BENCHMARKS.md workloads 1 and 2 for one database: the floor and uncontended locks.
 
-Each contender (every djlocks backend configured for the database, history on
-and off for the lease backend, and the raw primitive of the server) runs
-acquire+release pairs on one name; the rounds are interleaved so that drift
-on a noisy machine hits every contender alike. The floor, ``SELECT 1`` on a
-connection of the same driver, is measured in this process before and after.
+Each contender (``bench/database_locks.py``: every djlocks backend configured
+for the database, the lease backend with history on and off, the server's raw
+primitive and the peers) runs acquire+release pairs on one name; the rounds
+are interleaved so that drift on a noisy machine hits every contender alike.
+The floor, ``SELECT 1`` on a connection of the same driver, is measured in
+this process before and after.
 
 Usage: DJLOCKS_DB=sqlite|postgresql|mysql python bench/uncontended.py [--quick]
 Prints one JSON document.
@@ -17,80 +18,22 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 
 import django
 
 django.setup()
 
-from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
-from django.test.utils import override_settings  # noqa: E402
 
-from djlocks import Lock  # noqa: E402
+from bench.database_locks import contenders, context, locking  # noqa: E402
 from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
 from djlocks.percentiles import percentile  # noqa: E402
-
-NAME = "bench:uncontended"
-
-
-@dataclass
-class Contender:
-    """Something that can take and give back one lock, over and over."""
-
-    label: str
-    acquire: Callable[[], object]
-    release: Callable[[], object]
-    djlocks_settings: dict[str, Any] | None = None
-
-
-def djlocks_contenders() -> list[Contender]:
-    contenders = []
-    for alias in settings.DJLOCKS["BACKENDS"]:
-        if alias == "redis":
-            continue  # measured against Redis's own floor, beside its peers: redis_locks.py
-        for events in (True, False) if alias == "default" else (True,):
-            lock = Lock(NAME, backend=alias, timeout=5)
-            history = (
-                "" if alias != "default" else (" (history on)" if events else " (history off)")
-            )
-            contenders.append(
-                Contender(
-                    f"djlocks {alias}{history}",
-                    lock.acquire,
-                    lock.release,
-                    {**settings.DJLOCKS, "EVENTS": events},
-                )
-            )
-    return contenders
-
-
-def raw_contender() -> Contender | None:
-    """The server's own primitive on a connection of its own, as a peer would use it."""
-    wrapper = DedicatedConnections.new_wrapper("default")
-    wrapper.ensure_connection()
-    cursor = wrapper.connection.cursor()  # the driver's own cursor: no Django in the loop
-    if connection.vendor == "mysql":
-        return Contender(
-            "raw GET_LOCK / RELEASE_LOCK",
-            lambda: cursor.execute("SELECT GET_LOCK(%s, 5)", (NAME,)),
-            lambda: cursor.execute("SELECT RELEASE_LOCK(%s)", (NAME,)),
-        )
-    if connection.vendor == "postgresql":
-        wrapper.connection.autocommit = True
-        return Contender(
-            "raw pg_advisory_lock / unlock",
-            lambda: cursor.execute("SELECT pg_advisory_lock(4242)"),
-            lambda: cursor.execute("SELECT pg_advisory_unlock(4242)"),
-        )
-    return None
 
 
 def floor_seconds(samples: int) -> float:
@@ -110,25 +53,22 @@ def floor_seconds(samples: int) -> float:
 
 def run(pairs: int, rounds: int) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
-    contenders = djlocks_contenders()
-    raw = raw_contender()
-    if raw is not None:
-        contenders.append(raw)
+    handles = {label: locking(label) for label in contenders()}
     floor_before = floor_seconds(200)
-    times: dict[str, list[float]] = {c.label: [] for c in contenders}
-    for contender in contenders:  # warm-up: connections, prepared statements, first use
-        with _settings(contender):
+    times: dict[str, list[float]] = {label: [] for label in handles}
+    for label, (acquire, release) in handles.items():  # warm-up: connections, first use
+        with context(label):
             for _ in range(50):
-                contender.acquire()
-                contender.release()
+                acquire()
+                release()
     for _ in range(rounds):
-        for contender in contenders:
-            with _settings(contender):
+        for label, (acquire, release) in handles.items():
+            with context(label):
                 for _ in range(pairs // rounds):
                     began = time.perf_counter()
-                    contender.acquire()
-                    contender.release()
-                    times[contender.label].append(time.perf_counter() - began)
+                    acquire()
+                    release()
+                    times[label].append(time.perf_counter() - began)
     floor = statistics.median([floor_before, floor_seconds(200)])
     return {
         "database": connection.vendor,
@@ -144,12 +84,6 @@ def run(pairs: int, rounds: int) -> dict[str, Any]:
             for label, samples in times.items()
         ],
     }
-
-
-def _settings(contender: Contender) -> Any:
-    if contender.djlocks_settings is None:
-        return override_settings()
-    return override_settings(DJLOCKS=contender.djlocks_settings)
 
 
 if __name__ == "__main__":

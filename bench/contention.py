@@ -1,0 +1,157 @@
+"""BENCHMARKS.md workloads 3 and 4 for any store: many processes on one lock or semaphore.
+
+A *contender module* (``bench/redis_locks.py``, ``bench/database_locks.py``)
+says how its contenders are built; each worker process imports it (which sets
+Django up) and calls:
+
+* ``locking(contender, limit) -> (acquire, release)``: one lock (``limit`` 1)
+  or semaphore, as the contender's users would write it;
+* ``counter(contender) -> (read, write)``: the shared counter, read and
+  written as two separate operations on the worker's own connection, so that
+  only the lock keeps its updates from being lost;
+* ``context(contender)``: a context manager around the whole run (settings).
+
+Each worker records every operation as (asked, got, done, pid) on the
+monotonic clock (``CLOCK_MONOTONIC`` is one clock for every process on the
+machine); ``contended`` turns them into the figures BENCHMARKS.md asks for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import multiprocessing
+import os
+import queue
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from djlocks.percentiles import percentile
+
+Operation = tuple[int, int, int, int]  # asked, got, done (monotonic ns), pid
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``processes`` x ``iterations`` of acquire -> read -> (hold) -> write -> release."""
+
+    module: str
+    contender: str
+    processes: int = 8
+    iterations: int = 200
+    limit: int = 1
+    hold: float = 0.0  # seconds between the read and the write
+
+
+def worker(workload: Workload, start: Any, out: Any) -> None:
+    """One contending process; puts its operations on ``out``."""
+    module = importlib.import_module(workload.module)
+    acquire, release = module.locking(workload.contender, workload.limit)
+    read, write = module.counter(workload.contender)
+    records: list[Operation] = []
+    with module.context(workload.contender):
+        acquire()  # warm-up: connections, scripts, subscriptions
+        release()
+        start.wait()
+        for _ in range(workload.iterations):
+            asked = time.monotonic_ns()
+            acquire()
+            got = time.monotonic_ns()
+            value = read()
+            if workload.hold:
+                time.sleep(workload.hold)
+            write(value + 1)
+            done = time.monotonic_ns()
+            release()
+            records.append((asked, got, done, os.getpid()))
+    out.put(records)
+
+
+def contended(workload: Workload, reset: Any, final_count: Any) -> dict[str, Any]:
+    """Run ``workload``; ``reset()`` zeroes the counter first, ``final_count()`` reads it after."""
+    context = multiprocessing.get_context("spawn")
+    reset()
+    start, out = context.Event(), context.Queue()
+    workers = [
+        context.Process(target=worker, args=(workload, start, out))
+        for _ in range(workload.processes)
+    ]
+    for process in workers:
+        process.start()
+    time.sleep(3)  # every worker has started Django and is at the start line
+    began = time.monotonic()
+    start.set()
+    operations = sorted(collect(out, workers), key=lambda r: r[1])
+    elapsed = time.monotonic() - began
+    for process in workers:
+        process.join(60)
+    expected = workload.processes * workload.iterations
+    result: dict[str, Any] = {
+        "contender": workload.contender,
+        "ops_per_s": round(expected / elapsed, 1),
+        "max_concurrent": most_at_once(operations),
+    }
+    if workload.limit == 1:  # with several holders the counter is meant to lose updates
+        result["lost_updates"] = expected - final_count()
+        result.update(handoff_and_barging(operations))
+    else:
+        result["share_of_ideal"] = round(result["ops_per_s"] / (workload.limit / workload.hold), 3)
+    waits = [(got - asked) / 1e6 for asked, got, _, _ in operations]
+    result["wait_ms_p99"] = round(percentile(waits, 99) or 0, 2)
+    result["wait_ms_max"] = round(max(waits), 2)
+    return result
+
+
+def collect(out: Any, workers: list[Any]) -> list[Operation]:
+    """Every worker's operations; raises as soon as a worker has died without reporting."""
+    operations: list[Operation] = []
+    for _ in workers:
+        while True:
+            try:
+                operations += out.get(timeout=1)
+                break
+            except queue.Empty:
+                failed = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"contending workers failed: exit codes {failed}") from None
+    return operations
+
+
+def most_at_once(operations: list[Operation]) -> int:
+    """The most critical sections (acquire returned -> counter written) open at one time."""
+    edges = sorted(
+        [(got, 1) for _, got, _, _ in operations] + [(done, -1) for _, _, done, _ in operations]
+    )
+    open_now = most = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    return most
+
+
+def handoff_and_barging(operations: list[Operation]) -> dict[str, Any]:
+    """Overlaps; hand-off (a waiting holder's acquire returned after the previous end); barging.
+
+    Barging: after a release while another process was already waiting, how
+    often the releasing process got the lock straight back (0 % for FIFO).
+    """
+    handoffs, barged, contested = [], 0, 0
+    for previous, current in itertools.pairwise(operations):
+        _, _, released, holder = previous
+        someone_waited = any(
+            asked < released < got and pid != holder for asked, got, _, pid in operations
+        )
+        if not someone_waited:
+            continue
+        contested += 1
+        barged += current[3] == holder
+        if current[0] < released:  # the next holder was already waiting
+            handoffs.append((current[1] - released) / 1e6)
+    return {
+        "overlaps": sum(1 for a, b in itertools.pairwise(operations) if b[1] < a[2]),
+        "handoff_ms_p50": round(statistics.median(handoffs), 3) if handoffs else None,
+        "handoff_ms_p99": round(percentile(handoffs, 99) or 0, 3) if handoffs else None,
+        "barging_pct": round(100 * barged / contested, 1) if contested else 0.0,
+    }

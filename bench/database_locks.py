@@ -1,0 +1,242 @@
+"""The database contenders, and BENCHMARKS.md workloads 3 and 4 on one database.
+
+Contenders on the database that ``DJLOCKS_DB`` selects: every djlocks backend
+configured for it (the lease backend with history on and off), and the peers
+as their users write them: raw ``GET_LOCK`` and django-mysql's ``Lock`` on
+MySQL/MariaDB, raw ``pg_advisory_lock`` and django-pglock's ``advisory`` on
+PostgreSQL, django-db-mutex everywhere (it never waits, so its users retry:
+every 2 ms here). ``bench/uncontended.py`` measures the same contenders alone.
+
+* Contended lock: 8 processes x 200 iterations of acquire -> read a counter
+  row -> write it + 1 -> release (``bench/contention.py``). The counter is on
+  the worker's own connection, except for the row backend, whose lock is the
+  caller's transaction: there it is read and written in that transaction.
+* Semaphore: limit 3, 8 processes x 100 iterations, 5 ms hold, for the djlocks
+  backends and, as the peer BENCHMARKS.md names, the server's own lock tried
+  on 3 slot keys in turn with a 2 ms sleep between rounds.
+
+Usage: DJLOCKS_DB=sqlite|postgresql|mysql python bench/database_locks.py [--quick]
+Prints one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+
+import django
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import IntegrityError, OperationalError, connection  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
+
+from bench import contention  # noqa: E402
+from bench.contention import Workload  # noqa: E402
+from djlocks import Lock, Semaphore  # noqa: E402
+from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
+
+NAME = "bench:database"
+Handle = tuple[Callable[[], object], Callable[[], object]]
+HISTORY_OFF = " (history off)"
+RAW = {"mysql": "raw GET_LOCK / RELEASE_LOCK", "postgresql": "raw pg_advisory_lock / unlock"}
+PEER = {"mysql": "django-mysql Lock", "postgresql": "django-pglock advisory"}
+DB_MUTEX = "django-db-mutex (retried every 2 ms)"
+SLOTS = {
+    "mysql": "raw GET_LOCK slots (2 ms poll)",
+    "postgresql": "raw pg_try_advisory_lock slots (2 ms poll)",
+}
+
+
+def djlocks_aliases() -> list[str]:
+    return [alias for alias in settings.DJLOCKS["BACKENDS"] if alias != "redis"]
+
+
+def contenders() -> list[str]:
+    """Every lock contender on this database, djlocks first."""
+    labels = []
+    for alias in djlocks_aliases():
+        if alias == "default":
+            labels += ["djlocks default (history on)", "djlocks default" + HISTORY_OFF]
+        else:
+            labels.append(f"djlocks {alias}")
+    if connection.vendor in RAW:
+        labels += [RAW[connection.vendor], PEER[connection.vendor]]
+    return [*labels, DB_MUTEX]
+
+
+def semaphore_contenders() -> list[str]:
+    labels = [f"djlocks {alias}" for alias in djlocks_aliases()]
+    if connection.vendor == "sqlite":
+        labels.remove("djlocks row")  # SQLite's row lock is the database write lock: limit 1
+    return labels + ([SLOTS[connection.vendor]] if connection.vendor in SLOTS else [])
+
+
+def context(contender: str) -> Any:
+    """History off for the contender so labelled, the project's settings otherwise."""
+    if contender.endswith(HISTORY_OFF):
+        return override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS": False})
+    return override_settings()
+
+
+def own_cursor(driver: bool = True) -> Any:
+    """A cursor on a new autocommit connection of this process's own.
+
+    ``driver``: the driver's own cursor (no Django in the loop; ``%s``
+    parameters, so MySQL and PostgreSQL only), else Django's.
+    """
+    wrapper = DedicatedConnections.new_wrapper("default")
+    wrapper.ensure_connection()
+    wrapper.set_autocommit(True)
+    return wrapper.connection.cursor() if driver else wrapper.cursor()
+
+
+def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
+    """acquire() and release() of one lock or semaphore, as the contender's users write it."""
+    if limit > 1:
+        name += ":semaphore"  # never the lock's name: a name has one limit
+    if contender.startswith("djlocks"):
+        alias = contender.split()[1]
+        if limit == 1:
+            lock = Lock(name, backend=alias, timeout=600)
+            return lock.acquire, lock.release
+        semaphore = Semaphore(name, limit=limit, backend=alias, timeout=600)
+        return semaphore.acquire, semaphore.release
+    if contender == SLOTS.get(connection.vendor):
+        return slot_poller(name, limit)
+    if contender == RAW.get(connection.vendor):
+        cursor = own_cursor()  # the driver's own cursor: no Django in the loop
+        if connection.vendor == "mysql":
+            return (
+                lambda: cursor.execute("SELECT GET_LOCK(%s, 600)", (name,)),
+                lambda: cursor.execute("SELECT RELEASE_LOCK(%s)", (name,)),
+            )
+        key = zlib.crc32(name.encode())
+        return (
+            lambda: cursor.execute("SELECT pg_advisory_lock(%s)", (key,)),
+            lambda: cursor.execute("SELECT pg_advisory_unlock(%s)", (key,)),
+        )
+    if contender == "django-mysql Lock":
+        from django_mysql.locks import Lock as MySQLLock
+
+        peer = MySQLLock(name, acquire_timeout=600)
+        return peer.acquire, peer.release
+    if contender == "django-pglock advisory":
+        import pglock
+
+        advisory = pglock.advisory(name)
+        return advisory.acquire, advisory.release
+    return db_mutex(name)
+
+
+def db_mutex(name: str) -> Handle:
+    """django-db-mutex never waits: its users catch DBMutexError and try again."""
+    from db_mutex.db_mutex import db_mutex as mutex
+    from db_mutex.exceptions import DBMutexError
+
+    held = mutex(name)
+
+    def acquire() -> None:
+        while True:
+            try:
+                held.start()
+                return
+            except (DBMutexError, IntegrityError, OperationalError):
+                # OperationalError: InnoDB deadlocks (1213) between inserts of one key
+                time.sleep(0.002)
+
+    return acquire, held.stop
+
+
+def slot_poller(name: str, limit: int) -> Handle:
+    """A semaphore as a Python peer can build one: try each slot key, sleep 2 ms, repeat."""
+    cursor = own_cursor()
+    if connection.vendor == "mysql":
+        take, give = "SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"
+        keys: list[object] = [f"{name}/{slot}" for slot in range(limit)]
+    else:
+        take, give = "SELECT pg_try_advisory_lock(%s)", "SELECT pg_advisory_unlock(%s)"
+        keys = [zlib.crc32(f"{name}/{slot}".encode()) for slot in range(limit)]
+    held: list[object] = []
+
+    def acquire() -> None:
+        while True:
+            for key in keys:
+                cursor.execute(take, (key,))
+                if cursor.fetchone()[0] in (1, True):
+                    held.append(key)
+                    return
+            time.sleep(0.002)
+
+    def release() -> None:
+        cursor.execute(give, (held.pop(),))
+        cursor.fetchall()
+
+    return acquire, release
+
+
+COUNTER_TABLE = "bench_counter"
+
+
+def counter(contender: str) -> tuple[Callable[[], int], Callable[[int], object]]:
+    """Read and write of the counter row, as two statements (see the module docstring)."""
+    # The row backend's lock is the caller's transaction: the counter goes through it.
+    cursor = connection.cursor() if contender == "djlocks row" else own_cursor(driver=False)
+
+    def read() -> int:
+        cursor.execute(f"SELECT value FROM {COUNTER_TABLE} WHERE id = 1")
+        return int(cursor.fetchone()[0])
+
+    def write(value: int) -> None:
+        cursor.execute(f"UPDATE {COUNTER_TABLE} SET value = %s WHERE id = 1", (value,))
+
+    return read, write
+
+
+def reset_counter() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE IF NOT EXISTS {COUNTER_TABLE} (id INTEGER PRIMARY KEY, value BIGINT)"
+        )
+        cursor.execute(f"DELETE FROM {COUNTER_TABLE}")
+        cursor.execute(f"INSERT INTO {COUNTER_TABLE} (id, value) VALUES (1, 0)")
+
+
+def final_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT value FROM {COUNTER_TABLE} WHERE id = 1")
+        return int(cursor.fetchone()[0])
+
+
+def measure(contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
+    print(f"    {contender} (limit {limit})", file=sys.stderr, flush=True)
+    workload = Workload("bench.database_locks", contender, 8, iterations, limit, hold)
+    return contention.contended(workload, reset_counter, final_count)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    call_command("migrate", verbosity=0)
+    iterations = 50 if quick else 200
+    return {
+        "database": connection.vendor,
+        "contended": [measure(contender, iterations) for contender in contenders()],
+        "semaphore": [
+            measure(contender, 25 if quick else 100, limit=3, hold=0.005)
+            for contender in semaphore_contenders()
+        ],
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("--quick" in sys.argv)))
