@@ -24,9 +24,11 @@ from djlocks.grant import Grant
 from djlocks.inspection import force_release
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
+from tests.test_session_backends import kill_session
 from tests.workers import (
     CONTEXT,
     acquired_in_another_thread,
+    hold_and_watch,
     hold_then_report,
     obey,
     read_modify_write,
@@ -45,8 +47,8 @@ BACKENDS = LEASES + SERVER_HELD
 #: Backends whose waiters queue (the row backend's are in tests/test_row_backend.py).
 QUEUEING = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
 #: Backends whose store is a server on the network, whose replies a TCP proxy can lose
-#: (Redis: tests/test_redis_backend.py; row locks: tests/test_row_backend.py).
-NETWORKED = [] if connection.vendor == "sqlite" else ["default", "session"]
+#: (Redis: tests/test_redis_backend.py; more on row locks: tests/test_row_backend.py).
+NETWORKED = [] if connection.vendor == "sqlite" else ["default", "session", "row"]
 #: Backends whose holders a heartbeat checks and that an operator can release by force
 #: (a row lock's holder learns it at its commit: tests/test_row_backend.py).
 FORCEABLE = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
@@ -279,3 +281,56 @@ def test_23_a_holder_learns_of_a_forced_release_within_a_heartbeat(
     bounds(f"holder learns of a forced release after (TTL {ttl} s)", learned)
     with pytest.raises(LockLost):
         grant.release()
+
+
+#: Seconds: the lease of the paused holders of items 6 and 7.
+PAUSE_TTL = 1.5
+
+
+@pytest.mark.catalogue(7)
+@pytest.mark.parametrize("backend", LEASES)
+def test_7_a_holder_paused_past_its_ttl_learns_it_lost_when_it_resumes(
+    backend: str, bounds: Callable[[str, float], None]
+) -> None:
+    """SIGSTOP past the TTL, another process takes the name: on SIGCONT the old
+    holder's heartbeat, overdue, renews at once, finds the lease gone and says so."""
+    _resumed_holder_learns(backend, bounds, end_the_grant=lambda: time.sleep(PAUSE_TTL + 0.3))
+
+
+@pytest.mark.catalogue(6, backend="session")
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="no session backend on SQLite")
+def test_6_a_paused_holder_whose_session_was_killed_learns_it_lost_when_it_resumes(
+    bounds: Callable[[str, float], None],
+) -> None:
+    """SIGSTOP, then an administrator kills the holder's session: on SIGCONT its
+    heartbeat's next keep-alive finds the session gone and says so."""
+
+    def kill() -> None:
+        (holder,) = backends["session"].holders("c-paused")
+        kill_session(holder.connection_id or 0)
+
+    _resumed_holder_learns("session", bounds, end_the_grant=kill)
+
+
+def _resumed_holder_learns(
+    backend: str, bounds: Callable[[str, float], None], end_the_grant: Callable[[], None]
+) -> None:
+    report = CONTEXT.Queue()
+    worker = start_worker(hold_and_watch, "c-paused", PAUSE_TTL, report, backend)
+    old_fence = report.get(timeout=30)
+    assert worker.pid is not None
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        end_the_grant()
+        with db_lock("c-paused", backend=backend, ttl=10, timeout=5) as grant:
+            assert grant.fence > old_fence
+            resumed = time.monotonic()
+            os.kill(worker.pid, signal.SIGCONT)
+            learned = report.get(timeout=10) - resumed
+            grant.check()
+        assert learned < PAUSE_TTL / 3 + 0.3, learned
+        bounds(f"paused holder learns it lost after it resumes (TTL {PAUSE_TTL} s)", learned)
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.kill()
+        worker.join(10)

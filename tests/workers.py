@@ -84,6 +84,18 @@ def hold_without_renewal_then_release(
         report.put(("lost", str(exc)))
 
 
+def hold_and_watch(name: str, ttl: float, report: Any, backend: str = "default") -> None:
+    """Hold ``name`` with its heartbeat; report the fence, then the monotonic time at
+    which the heartbeat says the grant was lost (``on_lost``)."""
+    from djlocks import Lock
+
+    lock = Lock(name, ttl=ttl, backend=backend, on_lost=lambda *_: report.put(time.monotonic()))
+    grant = lock.acquire_grant()
+    assert grant is not None
+    report.put(grant.fence)
+    time.sleep(120)  # the test ends this process
+
+
 def try_once(name: str, barrier: Any, report: Any, hold: float, backend: str = "default") -> None:
     """Line up on ``barrier``, try once, report the outcome, keep a win for ``hold`` s."""
     from djlocks import Lock

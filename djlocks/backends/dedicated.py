@@ -12,13 +12,15 @@ import contextlib
 import os
 import threading
 import weakref
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Iterator
+from typing import ClassVar, TypeVar
 
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
 OnConnect = Callable[[BaseDatabaseWrapper], None]
+T = TypeVar("T")
 
 
 class DedicatedConnections(threading.local):
@@ -70,6 +72,30 @@ class DedicatedConnections(threading.local):
             if self.on_connect is not None:
                 self.on_connect(wrapper)
         return wrapper
+
+    @contextlib.contextmanager
+    def cursor(self) -> Iterator[CursorWrapper]:
+        """A Django cursor on this thread's connection; one that failed is discarded,
+        so that the next use reconnects."""
+        try:
+            with self.get().cursor() as cursor:
+                yield cursor
+        except (OperationalError, InterfaceError):
+            self.discard()
+            raise
+
+    def run_idempotent(self, operation: Callable[[CursorWrapper], T]) -> T:
+        """Run ``operation`` on a cursor; if the connection failed (it may have been idle
+        through a server restart or a network cut), run it once more on a new one.
+
+        Only for operations that are safe to apply twice.
+        """
+        try:
+            with self.cursor() as cursor:
+                return operation(cursor)
+        except (OperationalError, InterfaceError):
+            with self.cursor() as cursor:
+                return operation(cursor)
 
     @classmethod
     def close_all(cls) -> None:

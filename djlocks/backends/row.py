@@ -139,6 +139,13 @@ class RowLockBackend(LockBackend):
         except BaseException as exc:
             if own is not None:
                 own.__exit__(type(exc), exc, exc.__traceback__)
+                own.close_if_broken()
+            if isinstance(exc, OperationalError | InterfaceError):
+                raise BackendUnavailable(
+                    f"djlocks backend {self.alias!r} failed while acquiring {request.name!r} "
+                    f"(its connection failed; the server ends the transaction, and any row "
+                    f"lock with it): {exc}"
+                ) from exc
             raise
         with self._guard:
             self._held[token] = _Held(threading.get_ident(), key, claim.slot)
@@ -232,6 +239,9 @@ class OwnTransaction:
     (``begin()``) and left at release: a commit, or a rollback when the
     ``with`` block raised. A connection that failed at the commit (terminated
     by a forced release) is ``LockLost``. Leaving it before ``begin()`` does nothing.
+    A connection that failed in a transaction djlocks began is closed, as
+    Django does at the end of a request, so that the caller's next query (or
+    acquire) reconnects: outside requests (a worker, a cron job) Django never would.
     """
 
     def __init__(self, using: str) -> None:
@@ -246,6 +256,17 @@ class OwnTransaction:
     def __enter__(self) -> None:
         self.begin()
 
+    def close_if_broken(self) -> None:
+        """Close the connection if it no longer answers (one ``SELECT 1``; failures only).
+
+        Django's ``close_if_unusable_or_obsolete`` would not: the rollback that
+        ended the failed transaction cleared its ``errors_occurred`` flag, and
+        mysqlclient's rollback on a connection the server has gone from does not fail.
+        """
+        connection = connections[self.using]
+        if connection.connection is not None and not connection.is_usable():
+            connection.close()
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -258,6 +279,7 @@ class OwnTransaction:
         try:
             atomic.__exit__(exc_type, exc, traceback)
         except (OperationalError, InterfaceError) as failure:
+            self.close_if_broken()
             if exc_type is not None:
                 raise
             raise LockLost(

@@ -20,6 +20,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
 from djlocks.backends.base import (
@@ -199,7 +200,8 @@ class ServerRowDialect(RowDialect):
         with self._created_guard:
             if (key, request.limit) in self._created:
                 return
-        with self.backend.side.get().cursor() as cursor:
+
+        def create(cursor: CursorWrapper) -> None:
             register_name(cursor, self.vendor, ROW_TABLES, request)
             # Inserting a row that exists would wait for its holder on InnoDB
             # (the duplicate check locks it), so look first without locking.
@@ -209,14 +211,19 @@ class ServerRowDialect(RowDialect):
             )
             if cursor.fetchone()[0] < request.limit:
                 self._create_rows(cursor, key, request.limit)
+
+        self.backend.side.run_idempotent(create)
         with self._created_guard:
             self._created.add((key, request.limit))
 
     def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
-        with self.backend.side.get().cursor() as cursor:
-            return record_grant(
+        """Issue the fence and record the holder (again on a new connection if needed:
+        a second try at most skips a fence, and rewrites the same holder row)."""
+        return self.backend.side.run_idempotent(
+            lambda cursor: record_grant(
                 cursor, self.vendor, ROW_TABLES, request, claim.slot, token, claim.connection_id
             )
+        )
 
     # -- introspection and forced release ----------------------------------
 
@@ -229,7 +236,7 @@ class ServerRowDialect(RowDialect):
             conditions.append("h.token = %s")
             params.append(token)
         where = f" AND {' AND '.join(conditions)}" if conditions else ""
-        with self.backend.side.get().cursor() as cursor:
+        with self.backend.side.cursor() as cursor:
             cursor.execute(
                 f"SELECT h.name, h.slot, h.slot_limit, h.host, h.pid, h.thread, h.label, "
                 f"h.acquired_at, h.fence, h.token, h.connection_id "
@@ -265,7 +272,7 @@ class ServerRowDialect(RowDialect):
 
     def kill(self, name: str, token: str | None) -> int:
         killed = 0
-        with self.backend.side.get().cursor() as cursor:
+        with self.backend.side.cursor() as cursor:
             for holder in self._live_holders(name, token):
                 killed += self._terminate(cursor, holder)
         return killed

@@ -107,7 +107,7 @@ class MySQLRows(ServerRowDialect):
         side = self.backend.side
 
         def kill_query() -> None:
-            with side.get().cursor() as kill:
+            with side.cursor() as kill:
                 kill.execute("KILL QUERY %s", (caller,))
 
         return kill_query
@@ -139,7 +139,7 @@ class MySQLRows(ServerRowDialect):
         known = self._known_names(name)
         names = {table_key(each): each for each in known}
         gates = {mysql_key(each, ROW_GATE): each for each in known}
-        with self.backend.side.get().cursor() as cursor:
+        with self.backend.side.cursor() as cursor:
             cursor.execute("SELECT UTC_TIMESTAMP(6)")
             now = cursor.fetchone()[0].replace(tzinfo=UTC)
             cursor.execute(

@@ -140,7 +140,7 @@ class PostgreSQLRows(ServerRowDialect):
     def waiters(self, name: str | None) -> list[WaiterInfo]:
         gates = {advisory_key(known, ROW_GATE): known for known in self._known_names(name)}
         names = {table_key(known): known for known in gates.values()}
-        with self.backend.side.get().cursor() as cursor:
+        with self.backend.side.cursor() as cursor:
             cursor.execute(
                 f"SELECT r.name_key, NULL, a.application_name, a.query_start, a.pid "
                 f"FROM pg_locks l JOIN djlocks_row_lock r "
