@@ -1,7 +1,7 @@
 """The database contenders, and BENCHMARKS.md workloads 3 and 4 on one database.
 
 Contenders on the database that ``DJLOCKS_DB`` selects: every djlocks backend
-configured for it (the lease backend with history on and off), and the peers
+configured for it (each with its event history on and off), and the peers
 as their users write them: raw ``GET_LOCK`` and django-mysql's ``Lock`` on
 MySQL/MariaDB, raw ``pg_advisory_lock`` and django-pglock's ``advisory`` on
 PostgreSQL, django-db-mutex everywhere (it never waits, so its users retry:
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 import zlib
@@ -49,7 +50,7 @@ from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
 
 NAME = "bench:database"
 Handle = tuple[Callable[[], object], Callable[[], object]]
-HISTORY_OFF = " (history off)"
+HISTORY_ON, HISTORY_OFF = " (history on)", " (history off)"
 RAW = {"mysql": "raw GET_LOCK / RELEASE_LOCK", "postgresql": "raw pg_advisory_lock / unlock"}
 PEER = {"mysql": "django-mysql Lock", "postgresql": "django-pglock advisory"}
 DB_MUTEX = "django-db-mutex (retried every 2 ms)"
@@ -65,28 +66,32 @@ def djlocks_aliases() -> list[str]:
 
 def contenders() -> list[str]:
     """Every lock contender on this database, djlocks first."""
-    labels = []
-    for alias in djlocks_aliases():
-        if alias == "default":
-            labels += ["djlocks default (history on)", "djlocks default" + HISTORY_OFF]
-        else:
-            labels.append(f"djlocks {alias}")
+    labels = djlocks_labels()
     if connection.vendor in RAW:
         labels += [RAW[connection.vendor], PEER[connection.vendor]]
     return [*labels, DB_MUTEX]
 
 
+def djlocks_labels() -> list[str]:
+    """Every djlocks backend of this database, with its event history on and off."""
+    return [
+        f"djlocks {alias}{history}"
+        for alias in djlocks_aliases()
+        for history in (HISTORY_ON, HISTORY_OFF)
+    ]
+
+
 def semaphore_contenders() -> list[str]:
-    labels = [f"djlocks {alias}" for alias in djlocks_aliases()]
-    if connection.vendor == "sqlite":
-        labels.remove("djlocks row")  # SQLite's row lock is the database write lock: limit 1
+    labels = djlocks_labels()
+    if connection.vendor == "sqlite":  # SQLite's row lock is the database write lock: limit 1
+        labels = [label for label in labels if not label.startswith("djlocks row")]
     return labels + ([SLOTS[connection.vendor]] if connection.vendor in SLOTS else [])
 
 
 def context(contender: str) -> Any:
-    """History off for the contender so labelled, the project's settings otherwise."""
-    if contender.endswith(HISTORY_OFF):
-        return override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS": False})
+    """The event history on or off as the djlocks contender's label says."""
+    if contender.startswith("djlocks"):
+        return override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS": HISTORY_ON in contender})
     return override_settings()
 
 
@@ -222,7 +227,34 @@ def final_count() -> int:
 def measure(contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
     print(f"    {contender} (limit {limit})", file=sys.stderr, flush=True)
     workload = Workload("bench.database_locks", contender, 8, iterations, limit, hold)
-    return contention.contended(workload, reset_counter, final_count)
+    result = contention.contended(workload, reset_counter, final_count)
+    if limit > 1:
+        result["lone_ceiling"] = lone_ceiling(contender, limit, hold)
+    return result
+
+
+def lone_ceiling(contender: str, limit: int, hold: float, rounds: int = 100) -> float:
+    """The semaphore's share of the ideal if every slot went to the next holder at once.
+
+    One process alone runs the workload's cycle (acquire, read, hold, write,
+    release) with nobody to wait for; ``limit`` slots each cycling that fast
+    give ``limit / cycle`` ops/s. What the contended run loses beyond this is
+    the cost of waiting and of hand-off; below it, the cost of the cycle itself
+    (the round trips, the durable writes, the sleep's own overshoot).
+    """
+    acquire, release = locking(contender, limit)
+    read, write = counter(contender)
+    cycles = []
+    with context(contender):
+        for _ in range(rounds):
+            began = time.perf_counter()
+            acquire()
+            value = read()
+            time.sleep(hold)
+            write(value + 1)
+            release()
+            cycles.append(time.perf_counter() - began)
+    return round(limit / statistics.median(cycles) / (limit / hold), 3)
 
 
 def run(quick: bool) -> dict[str, Any]:

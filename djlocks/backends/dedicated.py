@@ -13,7 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -47,12 +47,18 @@ class DedicatedConnections(threading.local):
         """A private, not yet connected ``DatabaseWrapper`` for the alias ``using``.
 
         Django's own machinery configures it (``OPTIONS``, time zone, init
-        commands). Sharing between threads is allowed because djlocks hands a
-        wrapper from thread to thread (never two at once) and ``close_all()``
-        closes it from another thread.
+        commands). On MySQL/MariaDB it also accepts several statements per
+        query (``CLIENT.MULTI_STATEMENTS``), so that djlocks can send a batch in
+        one round trip; its parameters are always passed separately. Sharing
+        between threads is allowed because djlocks hands a wrapper from thread
+        to thread (never two at once) and ``close_all()`` closes it from
+        another thread.
         """
         template = connections[using]
-        wrapper = type(template)(dict(template.settings_dict), alias=using)
+        settings = dict(template.settings_dict)
+        if template.vendor == "mysql":
+            settings["OPTIONS"] = _with_multi_statements(settings.get("OPTIONS", {}))
+        wrapper = type(template)(settings, alias=using)
         wrapper.inc_thread_sharing()
         with cls._every_thread_guard:
             cls._every_thread.add(wrapper)
@@ -120,6 +126,14 @@ class DedicatedConnections(threading.local):
         if wrapper is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 wrapper.close()
+
+
+def _with_multi_statements(options: dict[str, Any]) -> dict[str, Any]:
+    """mysqlclient ``OPTIONS`` that also allow several statements per query."""
+    from MySQLdb.constants import CLIENT  # type: ignore[import-untyped]
+
+    flags = options.get("client_flag", CLIENT.FOUND_ROWS)  # Django's default flags
+    return {**options, "client_flag": flags | CLIENT.MULTI_STATEMENTS}
 
 
 def _close_quietly(connection: object) -> None:

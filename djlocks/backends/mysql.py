@@ -44,6 +44,7 @@ class GetLockBackend(SessionBackend):
     """Locks and semaphores on MySQL/MariaDB ``GET_LOCK``."""
 
     vendor = "mysql"
+    try_sql = "GET_LOCK(%s, 0) = 1"
 
     def key(self, name: str, slot: int | str | None = None) -> str:
         return mysql_key(name, slot)

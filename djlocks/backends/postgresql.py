@@ -42,6 +42,7 @@ class AdvisoryLockBackend(SessionBackend):
     """Locks and semaphores on PostgreSQL session-level advisory locks."""
 
     vendor = "postgresql"
+    try_sql = "pg_try_advisory_lock(%s)"
 
     def key(self, name: str, slot: int | str | None = None) -> int:
         return advisory_key(name, slot)

@@ -12,6 +12,7 @@ the row's.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +85,11 @@ def record_grant(
 
     ``connection_id`` is the server connection that holds the lock.
 
-    PostgreSQL: one statement (a CTE feeds the new fence into the holder row).
-    MySQL/MariaDB: two (``LAST_INSERT_ID(expr)`` hands the fence back in the
-    first statement's reply, MySQL manual "Information Functions").
+    One round trip and one commit. PostgreSQL: one statement (a CTE feeds the
+    new fence into the holder row). MySQL/MariaDB: one batch of statements in a
+    transaction (djlocks' connections allow several statements per query, see
+    ``DedicatedConnections``); ``LAST_INSERT_ID(expr)`` carries the new fence
+    from the fence row to the holder row (MySQL manual, "Information Functions").
     """
     key = table_key(request.name)
     who = request.identity
@@ -110,21 +113,29 @@ def record_grant(
             (key, request.name, request.limit, *holder_params),
         )
         return int(cursor.fetchone()[0])
-    cursor.execute(
-        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
-        f"VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
-        f"fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit)",
-        (key, request.name, request.limit),
-    )
-    fence = int(cursor.lastrowid)
     overwrite = ", ".join(f"{column} = VALUES({column})" for column in _OVERWRITTEN)
-    values = holder_values.format(fence="%s", now="UTC_TIMESTAMP(6)")
-    cursor.execute(
-        f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) VALUES ({values}) "
-        f"ON DUPLICATE KEY UPDATE {overwrite}",
-        (*holder_params[:5], fence, *holder_params[5:]),
-    )
-    return fence
+    values = holder_values.format(fence="@djlocks_fence", now="UTC_TIMESTAMP(6)")
+    try:
+        cursor.execute(
+            f"START TRANSACTION; "
+            f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
+            f"VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
+            f"fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit); "
+            f"SET @djlocks_fence = LAST_INSERT_ID(); "
+            f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) VALUES ({values}) "
+            f"ON DUPLICATE KEY UPDATE {overwrite}; "
+            f"COMMIT; "
+            f"SELECT @djlocks_fence",
+            (key, request.name, request.limit, *holder_params),
+        )
+        while cursor.nextset():  # each statement's result in turn; an error raises here
+            if cursor.description:
+                return int(cursor.fetchone()[0])
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cursor.execute("ROLLBACK")  # a statement failed: the rest did not run
+        raise
+    raise AssertionError("the batch ended without the fence")
 
 
 def known_names(tables: RecordTables, using: str, name: str | None = None) -> list[tuple[str, int]]:

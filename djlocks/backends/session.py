@@ -25,9 +25,16 @@ this module gives the rules that keep them honest:
   through it, a lock would belong to whichever client the pooler hands that
   server session to next. It is recognised by what it does: two djlocks
   connections that are open at once are given the same server session.
-* A semaphore is N slot keys. A caller tries each slot once; if all are
-  taken it waits in the server for the name's gate key, behind the other
-  waiters, and only the gate's holder polls the slots (every 1 to 4 ms).
+* A semaphore is N slot keys. One statement tries them all (a ``CASE``,
+  which stops at the first slot it gets, so it takes at most one). If all are
+  taken the caller waits in the server for the name's gate key, behind the
+  other waiters. The gate's holder waits in the server too, on the slot whose
+  holder was granted longest ago (the lowest fence in the holder rows: with
+  similar hold times, the next slot to come free), for at most ``SLOT_WAIT``
+  seconds at a time before it tries them all again. So a slot passes to the
+  next waiter as soon as its holder releases it, with no polling, while a
+  slot held for long cannot hold up the others' hand-offs by more than
+  ``SLOT_WAIT``.
 """
 
 from __future__ import annotations
@@ -58,7 +65,6 @@ from djlocks.backends.base import (
     HolderInfo,
     LockBackend,
     WaiterInfo,
-    poll_with_backoff,
     seconds_left,
 )
 from djlocks.backends.dedicated import DedicatedConnections
@@ -74,6 +80,8 @@ from djlocks.keys import GATE, table_key
 acquire_log = logging.getLogger("djlocks.acquire")
 
 MAX_SLOTS = 9999  # slot keys end in /0 ... /9999 and must fit GET_LOCK's 64 characters
+#: Seconds the gate's holder waits on one slot before it tries every slot again.
+SLOT_WAIT = 0.02
 
 Key = int | str
 
@@ -154,6 +162,9 @@ class SessionBackend(LockBackend):
     @abstractmethod
     def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
         """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server."""
+
+    #: SQL that tries one key (``%s``) once, without waiting, and is true if it got it.
+    try_sql: str
 
     @abstractmethod
     def _give_back(self, session: Session, key: Key) -> bool:
@@ -372,7 +383,7 @@ class SessionBackend(LockBackend):
                 return None
             self._register(session, request)
             return 0 if self._take(session, key, seconds_left(deadline), identity) else None
-        slot = self._try_slots(session, request, identity)
+        slot, _ = self._try_slots(session, request)
         if slot is not None or seconds_left(deadline) == 0:
             return slot
         self._register(session, request)
@@ -380,17 +391,42 @@ class SessionBackend(LockBackend):
         if not self._take(session, gate, seconds_left(deadline), identity):
             return None
         try:
-            return poll_with_backoff(lambda: self._try_slots(session, request, identity), deadline)
+            return self._wait_for_a_slot(session, request, identity, deadline)
         finally:
             self._give_back(session, gate)
 
-    def _try_slots(self, session: Session, request: AcquireRequest, identity: str) -> int | None:
-        first = random.randrange(request.limit)  # spread first tries over the slots
-        for offset in range(request.limit):
-            slot = (first + offset) % request.limit
-            if self._take(session, self.key(request.name, slot), 0, identity):
+    def _wait_for_a_slot(
+        self, session: Session, request: AcquireRequest, identity: str, deadline: float | None
+    ) -> int | None:
+        """As the gate's holder: wait in the server on the slot likeliest to come free
+        next, ``SLOT_WAIT`` seconds at a time, trying every slot in between."""
+        while True:
+            slot, oldest = self._try_slots(session, request)
+            if slot is not None:
                 return slot
-        return None
+            left = seconds_left(deadline)
+            if left == 0:
+                return None
+            wait = SLOT_WAIT if left is None else min(SLOT_WAIT, left)
+            if self._take(session, self.key(request.name, oldest), wait, identity):
+                return oldest
+
+    def _try_slots(self, session: Session, request: AcquireRequest) -> tuple[int | None, int]:
+        """Try every slot in one statement, taking at most one; return it (``None`` if
+        all were taken) and the slot granted longest ago (the lowest fence)."""
+        first = random.randrange(request.limit)  # spread first tries over the slots
+        order = [(first + offset) % request.limit for offset in range(request.limit)]
+        tries = " ".join(f"WHEN {self.try_sql} THEN {slot}" for slot in order)
+        got, oldest = session.execute(
+            f"SELECT CASE {tries} END, (SELECT slot FROM {SESSION_TABLES.holder} "
+            f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1)",
+            (
+                *(self.key(request.name, slot) for slot in order),
+                table_key(request.name),
+                request.limit,
+            ),
+        )
+        return got, first if oldest is None else int(oldest)
 
     # -- release, renew, check ---------------------------------------------
 
@@ -495,9 +531,15 @@ class SessionBackend(LockBackend):
         """The keys a waiter of each known name (or of ``name``) may wait on."""
         return {
             key: known
-            for known, _limit in known_names(SESSION_TABLES, self.using, name)
-            for key in (self.key(known), self.key(known, GATE))
+            for known, limit in known_names(SESSION_TABLES, self.using, name)
+            for key in self._waited_keys(known, limit)
         }
+
+    def _waited_keys(self, name: str, limit: int) -> list[Key]:
+        """A lock's key, or a semaphore's gate and slots (its gate's holder waits on one)."""
+        if limit == 1:
+            return [self.key(name)]
+        return [self.key(name, GATE), *(self.key(name, slot) for slot in range(limit))]
 
     def _as_waiters(self, rows: Sequence[tuple[str | None, str, datetime]]) -> list[WaiterInfo]:
         return queue_order(self.alias, rows)
