@@ -45,8 +45,9 @@ class Workload:
     hold: float = 0.0  # seconds between the read and the write
 
 
-def worker(workload: Workload, start: Any, out: Any) -> None:
-    """One contending process; puts its operations on ``out``."""
+def worker(workload: Workload, ready: Any, start: Any, out: Any) -> None:
+    """One contending process: warms up, says it is ``ready``, waits for ``start``,
+    then puts its operations on ``out``."""
     module = importlib.import_module(workload.module)
     acquire, release = module.locking(workload.contender, workload.limit)
     read, write = module.counter(workload.contender)
@@ -54,6 +55,7 @@ def worker(workload: Workload, start: Any, out: Any) -> None:
     with module.context(workload.contender):
         acquire()  # warm-up: connections, scripts, subscriptions
         release()
+        ready.put(os.getpid())
         start.wait()
         for _ in range(workload.iterations):
             asked = time.monotonic_ns()
@@ -73,14 +75,14 @@ def contended(workload: Workload, reset: Any, final_count: Any) -> dict[str, Any
     """Run ``workload``; ``reset()`` zeroes the counter first, ``final_count()`` reads it after."""
     context = multiprocessing.get_context("spawn")
     reset()
-    start, out = context.Event(), context.Queue()
+    ready, start, out = context.Queue(), context.Event(), context.Queue()
     workers = [
-        context.Process(target=worker, args=(workload, start, out))
+        context.Process(target=worker, args=(workload, ready, start, out))
         for _ in range(workload.processes)
     ]
     for process in workers:
         process.start()
-    time.sleep(3)  # every worker has started Django and is at the start line
+    collect(ready, workers)  # every worker has started Django and is at the start line
     began = time.monotonic()
     start.set()
     operations = sorted(collect(out, workers), key=lambda r: r[1])
@@ -104,19 +106,23 @@ def contended(workload: Workload, reset: Any, final_count: Any) -> dict[str, Any
     return result
 
 
-def collect(out: Any, workers: list[Any]) -> list[Operation]:
-    """Every worker's operations; raises as soon as a worker has died without reporting."""
-    operations: list[Operation] = []
+def collect(out: Any, workers: list[Any]) -> list[Any]:
+    """One report from every worker; raises as soon as a worker has died without reporting.
+
+    A report that is a list (a worker's operations) is flattened into the result.
+    """
+    reports: list[Any] = []
     for _ in workers:
         while True:
             try:
-                operations += out.get(timeout=1)
+                report = out.get(timeout=1)
+                reports += report if isinstance(report, list) else [report]
                 break
             except queue.Empty:
                 failed = [p.exitcode for p in workers if p.exitcode not in (None, 0)]
                 if failed:
                     raise RuntimeError(f"contending workers failed: exit codes {failed}") from None
-    return operations
+    return reports
 
 
 def most_at_once(operations: list[Operation]) -> int:

@@ -5,7 +5,9 @@ configured for it (each with its event history on and off), and the peers
 as their users write them: raw ``GET_LOCK`` and django-mysql's ``Lock`` on
 MySQL/MariaDB, raw ``pg_advisory_lock`` and django-pglock's ``advisory`` on
 PostgreSQL, django-db-mutex everywhere (it never waits, so its users retry:
-every 2 ms here). ``bench/uncontended.py`` measures the same contenders alone.
+every 2 ms here). One more is a floor, not a peer: the raw primitive plus one
+durable upsert, the least a fence that survives a crash costs.
+``bench/uncontended.py`` measures the same contenders alone.
 
 * Contended lock: 8 processes x 200 iterations of acquire -> read a counter
   row -> write it + 1 -> release (``bench/contention.py``). The counter is on
@@ -52,6 +54,10 @@ NAME = "bench:database"
 Handle = tuple[Callable[[], object], Callable[[], object]]
 HISTORY_ON, HISTORY_OFF = " (history on)", " (history off)"
 RAW = {"mysql": "raw GET_LOCK / RELEASE_LOCK", "postgresql": "raw pg_advisory_lock / unlock"}
+FENCED = {
+    "mysql": "floor: raw GET_LOCK + one durable fence upsert",
+    "postgresql": "floor: raw pg_advisory_lock + one durable fence upsert",
+}
 PEER = {"mysql": "django-mysql Lock", "postgresql": "django-pglock advisory"}
 DB_MUTEX = "django-db-mutex (retried every 2 ms)"
 SLOTS = {
@@ -68,7 +74,7 @@ def contenders() -> list[str]:
     """Every lock contender on this database, djlocks first."""
     labels = djlocks_labels()
     if connection.vendor in RAW:
-        labels += [RAW[connection.vendor], PEER[connection.vendor]]
+        labels += [RAW[connection.vendor], FENCED[connection.vendor], PEER[connection.vendor]]
     return [*labels, DB_MUTEX]
 
 
@@ -120,6 +126,8 @@ def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
         return semaphore.acquire, semaphore.release
     if contender == SLOTS.get(connection.vendor):
         return slot_poller(name, limit)
+    if contender == FENCED.get(connection.vendor):
+        return fenced_raw(name)
     if contender == RAW.get(connection.vendor):
         cursor = own_cursor()  # the driver's own cursor: no Django in the loop
         if connection.vendor == "mysql":
@@ -143,6 +151,33 @@ def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
         advisory = pglock.advisory(name)
         return advisory.acquire, advisory.release
     return db_mutex(name)
+
+
+def fenced_raw(name: str) -> Handle:
+    """The raw primitive plus the least a durable fence costs: one autocommit upsert.
+
+    Not a peer but a floor: what any lock that keeps a fence that survives a
+    crash pays per grant on this server, whatever its design.
+    """
+    cursor = own_cursor()
+    cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
+    if connection.vendor == "mysql":
+        take, give = "SELECT GET_LOCK(%s, 600)", "SELECT RELEASE_LOCK(%s)"
+        bump = "INSERT INTO bench_fence VALUES (1, 1) ON DUPLICATE KEY UPDATE value = value + 1"
+        key: object = name
+    else:
+        take, give = "SELECT pg_advisory_lock(%s)", "SELECT pg_advisory_unlock(%s)"
+        bump = (
+            "INSERT INTO bench_fence VALUES (1, 1) "
+            "ON CONFLICT (id) DO UPDATE SET value = bench_fence.value + 1"
+        )
+        key = zlib.crc32(name.encode())
+
+    def acquire() -> None:
+        cursor.execute(take, (key,))
+        cursor.execute(bump)
+
+    return acquire, lambda: cursor.execute(give, (key,))
 
 
 def db_mutex(name: str) -> Handle:

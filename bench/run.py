@@ -18,6 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import targets
+
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql", "mysql")
 WORKLOADS = ("uncontended", "database_locks", "runlocked_startup", "dashboard_scale")
@@ -91,6 +95,7 @@ def render(report: dict[str, Any]) -> str:
             f"{run['overview_json_s']} s | {run['name_page_s']} s | {run['list_json_s']} s |"
         )
     lines += render_redis(report["redis_locks"])
+    lines += targets.render(report)
     return "\n".join(lines) + "\n"
 
 
