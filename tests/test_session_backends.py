@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from django.urls import reverse
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
 from djlocks.backends.postgresql import LOCK_KEY
-from djlocks.exceptions import BackendUnavailable
+from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
@@ -241,6 +242,75 @@ def server_idle_limit_of_one_second() -> Iterator[None]:
     finally:
         with connection.cursor() as cursor:
             cursor.execute(restore)
+
+
+@pytest.mark.catalogue(20, backend=SESSION)
+def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
+    """Two threads each hold one name and wait for the other's, with no time-out:
+    within about a second one of them (the one that began waiting last) gets
+    LockDeadlock, and the other is granted and proceeds."""
+    both_hold_one = threading.Barrier(2)
+    outcomes: list[tuple[str, float]] = []
+    began = time.monotonic()
+
+    def take(first: str, second: str) -> None:
+        try:
+            with lock(first):
+                both_hold_one.wait(10)
+                with lock(second):
+                    outcomes.append(("proceeded", time.monotonic() - began))
+        except LockDeadlock:
+            outcomes.append(("victim", time.monotonic() - began))
+
+    threads = [
+        threading.Thread(target=take, args=pair) for pair in (("s:a", "s:b"), ("s:b", "s:a"))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(what for what, _ in outcomes) == ["proceeded", "victim"], outcomes
+    assert max(when for _, when in outcomes) < 5, outcomes
+
+
+def test_waits_that_only_look_like_a_cycle_by_process_are_not_deadlocks() -> None:
+    """Thread 1 holds A and waits for B; B's holder waits for C, which thread 2 of the
+    same process holds and then releases: no cycle of threads, so nobody is a victim."""
+    holds_c, b_waits = threading.Event(), threading.Event()
+    release_c = threading.Event()
+    outcomes: list[str] = []
+
+    def hold_c() -> None:
+        with lock("s:c"):
+            holds_c.set()
+            release_c.wait(10)
+
+    def hold_b_wait_c() -> None:
+        with lock("s:b"):
+            b_waits.set()
+            with lock("s:c", timeout=10):
+                outcomes.append("b got c")
+
+    def hold_a_wait_b() -> None:
+        try:
+            with lock("s:a"), lock("s:b", timeout=10):
+                outcomes.append("a got b")
+        except LockDeadlock:
+            outcomes.append("false victim")
+
+    first = threading.Thread(target=hold_c)
+    first.start()
+    holds_c.wait(5)
+    second = threading.Thread(target=hold_b_wait_c)
+    second.start()
+    b_waits.wait(5)
+    third = threading.Thread(target=hold_a_wait_b)
+    third.start()
+    time.sleep(2.5)  # past the deadlock check of every wait
+    release_c.set()
+    for thread in (first, second, third):
+        thread.join(20)
+    assert sorted(outcomes) == ["a got b", "b got c"]
 
 
 @pytest.mark.catalogue(23, backend=SESSION)

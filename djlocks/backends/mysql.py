@@ -28,7 +28,8 @@ from datetime import UTC, datetime, timedelta
 from django.db import DatabaseError
 
 from djlocks.backends.base import WaiterInfo
-from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.backends.session import Key, Session, SessionBackend, owner_described
+from djlocks.backends.session_deadlocks import Wait
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import mysql_key
@@ -107,20 +108,33 @@ class GetLockBackend(SessionBackend):
             )
         return live
 
+    def _waiting_calls(self, session: Session) -> list[tuple[int, str, str, datetime]]:
+        """(connection id, key, description, since) of every djlocks ``GET_LOCK`` waiting."""
+        now = session.execute("SELECT UTC_TIMESTAMP(6)")[0].replace(tzinfo=UTC)
+        rows = session.fetchall(
+            "SELECT ID, TIME_MS, INFO FROM information_schema.PROCESSLIST "
+            "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
+            ("%djlocks%GET_LOCK(%",),
+        )
+        calls = []
+        for connection_id, elapsed_ms, query in rows:
+            call, comment = WAITING_CALL.search(query), COMMENT.search(query)
+            if call is not None and comment is not None:
+                since = now - timedelta(milliseconds=float(elapsed_ms))
+                calls.append((int(connection_id), call.group(1), comment.group(1), since))
+        return calls
+
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         names = self._waited_names(name)
         with self._side_session() as side:
-            now = side.execute("SELECT UTC_TIMESTAMP(6)")[0].replace(tzinfo=UTC)
-            rows = side.fetchall(
-                "SELECT TIME_MS, INFO FROM information_schema.PROCESSLIST "
-                "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
-                ("%djlocks%GET_LOCK(%",),
-            )
-        waiting: list[tuple[str | None, str, datetime]] = []
-        for elapsed_ms, query in rows:
-            call, comment = WAITING_CALL.search(query), COMMENT.search(query)
-            if call is None or comment is None:
-                continue
-            since = now - timedelta(milliseconds=float(elapsed_ms))
-            waiting.append((names.get(call.group(1)), comment.group(1), since))
-        return self._as_waiters(waiting)
+            calls = self._waiting_calls(side)
+        return self._as_waiters([(names.get(key), who, since) for _, key, who, since in calls])
+
+    def _waits(self, session: Session) -> list[Wait]:
+        calls = self._waiting_calls(session)
+        holders = self._live_keys(session, [key for _, key, _, _ in calls])
+        return [
+            Wait(waiter, owner_described(who), since, key, holders[key])
+            for waiter, key, who, since in calls
+            if key in holders
+        ]

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from django.db import DatabaseError
 
 from djlocks.backends.base import WaiterInfo
-from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.backends.session import Key, Session, SessionBackend, owner_described
+from djlocks.backends.session_deadlocks import Wait
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import advisory_key
 
@@ -113,6 +114,20 @@ class AdvisoryLockBackend(SessionBackend):
             (list(keys),),
         )
         return {int(key): int(pid) for key, pid in rows}
+
+    def _waits(self, session: Session) -> list[Wait]:
+        rows = session.fetchall(
+            f"SELECT l.pid, a.application_name, a.query_start, {LOCK_KEY}, h.pid "
+            f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            f"JOIN pg_locks h ON h.locktype = 'advisory' AND h.granted "
+            f"AND h.database IS NOT DISTINCT FROM l.database AND h.classid = l.classid "
+            f"AND h.objid = l.objid AND h.objsubid = l.objsubid "
+            f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1"
+        )
+        return [
+            Wait(int(pid), owner_described(who), since, int(key), int(holder))
+            for pid, who, since, key, holder in rows
+        ]
 
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         names = self._waited_names(name)

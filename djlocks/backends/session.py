@@ -74,7 +74,15 @@ from djlocks.backends.server_records import (
     record_grant,
     register_name,
 )
-from djlocks.exceptions import BackendUnavailable, LockLost
+from djlocks.backends.session_deadlocks import (
+    Holders,
+    Owner,
+    Wait,
+    is_victim,
+    owner_of,
+    watched,
+)
+from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockLost
 from djlocks.keys import GATE, table_key
 
 acquire_log = logging.getLogger("djlocks.acquire")
@@ -176,6 +184,10 @@ class SessionBackend(LockBackend):
     @abstractmethod
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         """From ``session``, end the session ``connection_id`` (only if it holds ``key``)."""
+
+    @abstractmethod
+    def _waits(self, session: Session) -> list[Wait]:
+        """Every session waiting for a key, with the session that holds the key."""
 
     @abstractmethod
     def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
@@ -382,7 +394,7 @@ class SessionBackend(LockBackend):
             if seconds_left(deadline) == 0:
                 return None
             self._register(session, request)
-            return 0 if self._take(session, key, seconds_left(deadline), identity) else None
+            return self._wait_watched(session, request, key, deadline, identity)
         slot, _ = self._try_slots(session, request)
         if slot is not None or seconds_left(deadline) == 0:
             return slot
@@ -394,6 +406,61 @@ class SessionBackend(LockBackend):
             return self._wait_for_a_slot(session, request, identity, deadline)
         finally:
             self._give_back(session, gate)
+
+    def _wait_watched(
+        self,
+        session: Session,
+        request: AcquireRequest,
+        key: Key,
+        deadline: float | None,
+        identity: str,
+    ) -> int | None:
+        """Wait in the server for the lock ``key``, watched for deadlocks (session_deadlocks)."""
+        with watched(
+            lambda: self._is_deadlock_victim(session.connection_id),
+            lambda: self._kill_aside(session),
+        ) as victim:
+            try:
+                granted = self._take(session, key, seconds_left(deadline), identity)
+            except DatabaseError:
+                if not victim.is_set():
+                    raise
+                granted = False
+        if victim.is_set():
+            raise LockDeadlock(
+                f"{request.name!r}: this wait would never end. Its holder waits, directly "
+                f"or through others, for a session lock that this thread holds. This wait "
+                f"was chosen to end it (it began last). Release your locks and try again, "
+                f"or take names in one fixed order."
+            )
+        return 0 if granted else None
+
+    def _is_deadlock_victim(self, connection_id: int) -> bool:
+        """Whether the wait of session ``connection_id`` is a deadlock's victim.
+
+        Runs in the watching thread, on a side session (never on a Django
+        connection of that thread, which nobody would close).
+        """
+        with self._side_session() as side:
+            waits = self._waits(side)
+            holders = sorted({wait.holder for wait in waits})
+            rows = (
+                side.fetchall(
+                    f"SELECT connection_id, name, slot_limit, slot, host, pid, thread "
+                    f"FROM {SESSION_TABLES.holder} "
+                    f"WHERE connection_id IN ({', '.join(['%s'] * len(holders))})",
+                    holders,
+                )
+                if holders
+                else []
+            )
+        owners: Holders = {}
+        for holder, name, limit, slot, host, pid, thread in rows:
+            owner = owner_of(host, pid, thread)
+            if owner is not None:
+                key = self.key(name) if limit == 1 else self.key(name, slot)
+                owners[int(holder), key] = owner
+        return is_victim(connection_id, waits, owners)
 
     def _wait_for_a_slot(
         self, session: Session, request: AcquireRequest, identity: str, deadline: float | None
@@ -567,9 +634,12 @@ def _nothing() -> Iterator[None]:
 
 
 def describe(request: AcquireRequest) -> str:
-    """Who waits, as the server's process list shows it (``parse_description`` reads it)."""
+    """Who waits, as the server's process list shows it (``parse_description`` reads it):
+    ``djlocks <pid>.<thread id>@<host> <label>``."""
     who = request.identity
-    return f"djlocks {who.pid}@{who.host} {who.label}".replace("*/", "* /")
+    tid = owner_of(who.host, who.pid, who.thread)
+    thread = "" if tid is None else f".{tid[2]}"
+    return f"djlocks {who.pid}{thread}@{who.host} {who.label}".replace("*/", "* /")
 
 
 def parse_description(text: str) -> tuple[str, int, str]:
@@ -580,4 +650,14 @@ def parse_description(text: str) -> tuple[str, int, str]:
     return found["host"], int(found["pid"]), found["label"]
 
 
-_DESCRIPTION = re.compile(r"djlocks (?P<pid>\d+)@(?P<host>\S+) ?(?P<label>.*)", re.DOTALL)
+def owner_described(text: str) -> Owner | None:
+    """The owner (host, pid, thread id) of a wait from ``describe``'s text."""
+    found = _DESCRIPTION.match(text or "")
+    if found is None or found["tid"] is None:
+        return None
+    return found["host"], int(found["pid"]), int(found["tid"])
+
+
+_DESCRIPTION = re.compile(
+    r"djlocks (?P<pid>\d+)(?:\.(?P<tid>\d+))?@(?P<host>\S+) ?(?P<label>.*)", re.DOTALL
+)

@@ -1,0 +1,123 @@
+"""Deadlocks between session locks, found by djlocks since the server cannot see them.
+
+Each session grant has a server session of its own (so that two handles of one
+thread exclude each other), so when thread X holds A and waits for B while
+thread Y holds B and waits for A, the server sees four unrelated sessions and
+no cycle: MySQL's ``GET_LOCK`` deadlock detection (3058) and PostgreSQL's
+(40P01) only see cycles between sessions. djlocks joins the sessions to their
+owners (host, pid, thread) itself:
+
+* a waiting session's owner is in its wait's description (``describe``): the
+  query comment on MySQL, ``application_name`` on PostgreSQL;
+* a holding session's owner is in djlocks' holder row for its connection.
+
+A wait that has lasted ``CHECK_AFTER`` seconds (PostgreSQL's own
+``deadlock_timeout`` is 1 s) is checked once, from another session, while it
+goes on waiting in the server. If its owner is on a cycle of owners, each
+waiting for a session another one holds, the waiter that began waiting last
+is the victim: its session is killed and its acquire raises ``LockDeadlock``.
+Every other waiter on the cycle began earlier, so the victim is always the
+last to check, and finds the cycle complete: there is one victim per cycle.
+Semaphore gates and slots are not followed (a gate's holder has no holder row).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+#: Seconds a wait lasts before it is checked for a deadlock.
+CHECK_AFTER = 1.0
+
+Owner = tuple[str, int, int]  # host, pid, thread id (``threading.get_native_id``)
+_TID = re.compile(r"\(tid (\d+)\)$")
+
+
+def owner_of(host: str, pid: int, thread: str) -> Owner | None:
+    """The owner of a holder row (its ``thread`` ends in ``(tid N)``, see ``Identity``)."""
+    found = _TID.search(thread)
+    return None if found is None else (host, pid, int(found.group(1)))
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A session that waits for a key, and the session that holds that key."""
+
+    waiter: int  # server connection id
+    owner: Owner | None  # whose wait it is, from its description
+    since: datetime  # when the wait began, by the server's clock
+    key: int | str  # the server's key
+    holder: int  # the connection id holding the key
+
+
+#: The owner of each (holding connection id, key), from djlocks' holder rows.
+Holders = dict[tuple[int, int | str], Owner]
+
+
+def is_victim(me: int, waits: Iterable[Wait], owners: Holders) -> bool:
+    """Whether the waiting session ``me`` is on a cycle and began waiting last on it."""
+    by_waiter = {wait.waiter: wait for wait in waits}
+    mine = by_waiter.get(me)
+    if mine is None or mine.owner is None:
+        return False
+    waits_of: dict[Owner, list[Wait]] = {}
+    for wait in by_waiter.values():
+        if wait.owner is not None:
+            waits_of.setdefault(wait.owner, []).append(wait)
+    cycle = _cycle_through(mine.owner, waits_of, owners)
+    return cycle is not None and all(wait.since <= mine.since for wait in cycle)
+
+
+def _cycle_through(
+    start: Owner, waits_of: dict[Owner, list[Wait]], owners: Holders
+) -> list[Wait] | None:
+    """The waits of a cycle of owners through ``start`` (depth first), or ``None``."""
+    path: list[Wait] = []
+    seen: set[Owner] = set()
+
+    def walk(owner: Owner) -> bool:
+        for wait in waits_of.get(owner, []):
+            blocker = owners.get((wait.holder, wait.key))
+            if blocker is None or (blocker != start and blocker in seen):
+                continue
+            path.append(wait)
+            if blocker == start:
+                return True
+            seen.add(blocker)
+            if walk(blocker):
+                return True
+            path.pop()
+        return False
+
+    return path if walk(start) else None
+
+
+@contextmanager
+def watched(check: Callable[[], bool], kill: Callable[[], None]) -> Iterator[threading.Event]:
+    """Around a wait in the server: after ``CHECK_AFTER`` seconds, if ``check()`` says
+    this wait is a deadlock's victim, ``kill()`` its session. Yields the event that is
+    set when it was; the wait then fails, and the caller raises ``LockDeadlock``."""
+    victim = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(CHECK_AFTER):
+            return
+        try:
+            if check() and not done.is_set():
+                victim.set()
+                kill()
+        except Exception:  # the check is best effort: the wait goes on, as without it
+            return
+
+    watcher = threading.Thread(target=watch, name="djlocks-deadlock-watch", daemon=True)
+    watcher.start()
+    try:
+        yield victim
+    finally:
+        done.set()
+        watcher.join()
