@@ -232,7 +232,8 @@ COUNTER_TABLE = "bench_counter"
 def counter(contender: str) -> tuple[Callable[[], int], Callable[[int], object]]:
     """Read and write of the counter row, as two statements (see the module docstring)."""
     # The row backend's lock is the caller's transaction: the counter goes through it.
-    cursor = connection.cursor() if contender == "djlocks row" else own_cursor(driver=False)
+    in_the_lock = contender.startswith("djlocks row")
+    cursor = connection.cursor() if in_the_lock else own_cursor(driver=False)
 
     def read() -> int:
         cursor.execute(f"SELECT value FROM {COUNTER_TABLE} WHERE id = 1")

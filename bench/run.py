@@ -36,7 +36,7 @@ def measure(workload: str, database: str, quick: bool) -> dict[str, Any]:
     finished = subprocess.run(
         command,
         env={**os.environ, "DJLOCKS_DB": database, "DJANGO_SETTINGS_MODULE": "bench.settings"},
-        capture_output=True,
+        stdout=subprocess.PIPE,  # the JSON; progress and errors go straight to stderr
         text=True,
         check=True,
         cwd=ROOT,
