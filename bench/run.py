@@ -99,19 +99,21 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def section(title: str, text: str, header: str, alignment: str) -> list[str]:
+    """The opening lines of a section of docs/benchmarks.md: title, text, table header."""
+    return ["", f"## {title}", "", text, "", header, alignment]
+
+
 def render_contended(runs: list[dict[str, Any]]) -> list[str]:
     """Workloads 3 and 4 on the databases, each contender beside the raw primitive."""
-    lines = [
-        "",
-        "## Contended lock on the databases (workload 3)",
-        "",
+    lines = section(
+        "Contended lock on the databases (workload 3)",
         "8 processes, each acquire -> read a counter row -> write it + 1 -> release. "
         "`vs raw`: ops/s over the raw primitive's (GET_LOCK, pg_advisory_lock) in the same run.",
-        "",
         "| database | contender | ops/s | vs raw | lost updates | overlaps "
         "| hand-off p50 / p99 | barging | wait p99 / max |",
         "|---|---|---:|---:|---:|---:|---|---:|---|",
-    ]
+    )
     for run in runs:
         raw = next((r for r in run["contended"] if r["contender"] in RAW), None)
         for row in run["contended"]:
@@ -122,20 +124,17 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
                 f"{row['handoff_ms_p50']} / {row['handoff_ms_p99']} ms | "
                 f"{row['barging_pct']} % | {row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
             )
-    lines += [
-        "",
-        "## Semaphore on the databases (workload 4)",
-        "",
+    lines += section(
+        "Semaphore on the databases (workload 4)",
         "Limit 3, 8 processes, 5 ms hold; the ideal is 600 ops/s. The peer is the server's "
         "own lock on 3 slot keys tried in turn, sleeping 2 ms between rounds. "
         "`lone ceiling`: the share of the ideal if each slot went to the next holder at "
         "once, from one process running the same cycle (acquire, read, 5 ms, write, "
         "release) alone, in the same run: what the cycle itself costs.",
-        "",
         "| database | contender | ops/s | share of ideal | lone ceiling "
         "| most holders at once | wait p99 / max |",
         "|---|---|---:|---:|---:|---:|---|",
-    ]
+    )
     for run in runs:
         for row in run["semaphore"]:
             lines.append(
@@ -148,16 +147,13 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
 
 def render_runlocked(runs: list[dict[str, Any]]) -> list[str]:
     """Workload 5: ``runlocked NAME -- true`` over ``manage.py version``."""
-    lines = [
-        "",
-        "## runlocked (workload 5)",
-        "",
+    lines = section(
+        "runlocked (workload 5)",
         "Median wall time of `manage.py runlocked bench:runlocked --backend ALIAS -- true` "
         "over that of `manage.py version` (Django's start-up), runs interleaved.",
-        "",
         "| database | `manage.py version` | backend | runlocked | x version |",
         "|---|---:|---|---:|---:|",
-    ]
+    )
     for run in runs:
         for row in run["runlocked"]:
             lines.append(
