@@ -9,11 +9,13 @@ Django up) and calls:
 * ``counter(contender) -> (read, write)``: the shared counter, read and
   written as two separate operations on the worker's own connection, so that
   only the lock keeps its updates from being lost;
-* ``context(contender)``: a context manager around the whole run (settings).
+* ``context(contender)``: a context manager around the whole run (settings);
+* ``finish()``: close what the workload opened (the processes run many).
 
-Each worker records every operation as (asked, got, done, pid) on the
-monotonic clock (``CLOCK_MONOTONIC`` is one clock for every process on the
-machine); ``contended`` turns them into the figures BENCHMARKS.md asks for.
+A ``Crew`` of worker processes runs workload after workload. Each worker
+records every operation as (asked, got, done, pid) on the monotonic clock
+(``CLOCK_MONOTONIC`` is one clock for every process on the machine);
+``Crew.run`` turns them into the figures BENCHMARKS.md asks for.
 """
 
 from __future__ import annotations
@@ -37,18 +39,26 @@ Operation = tuple[int, int, int, int]  # asked, got, done (monotonic ns), pid
 class Workload:
     """``processes`` x ``iterations`` of acquire -> read -> (hold) -> write -> release."""
 
-    module: str
     contender: str
-    processes: int = 8
     iterations: int = 200
     limit: int = 1
     hold: float = 0.0  # seconds between the read and the write
 
 
-def worker(workload: Workload, ready: Any, start: Any, out: Any) -> None:
-    """One contending process: warms up, says it is ``ready``, waits for ``start``,
-    then puts its operations on ``out``."""
-    module = importlib.import_module(workload.module)
+def serve(module_name: str, orders: Any, ready: Any, start: Any, out: Any) -> None:
+    """One contending process: runs each ``Workload`` it is given until it gets ``None``.
+
+    For each: warms up, says it is ``ready``, waits for ``start``, puts its
+    operations on ``out``, then lets the module close what the workload opened
+    (``finish()``).
+    """
+    module = importlib.import_module(module_name)
+    while (workload := orders.get()) is not None:
+        out.put(run_once(module, workload, ready, start))
+        module.finish()
+
+
+def run_once(module: Any, workload: Workload, ready: Any, start: Any) -> list[Operation]:
     acquire, release = module.locking(workload.contender, workload.limit)
     read, write = module.counter(workload.contender)
     records: list[Operation] = []
@@ -68,42 +78,62 @@ def worker(workload: Workload, ready: Any, start: Any, out: Any) -> None:
             done = time.monotonic_ns()
             release()
             records.append((asked, got, done, os.getpid()))
-    out.put(records)
+    return records
 
 
-def contended(workload: Workload, reset: Any, final_count: Any) -> dict[str, Any]:
-    """Run ``workload``; ``reset()`` zeroes the counter first, ``final_count()`` reads it after."""
-    context = multiprocessing.get_context("spawn")
-    reset()
-    ready, start, out = context.Queue(), context.Event(), context.Queue()
-    workers = [
-        context.Process(target=worker, args=(workload, ready, start, out))
-        for _ in range(workload.processes)
-    ]
-    for process in workers:
-        process.start()
-    collect(ready, workers)  # every worker has started Django and is at the start line
-    began = time.monotonic()
-    start.set()
-    operations = sorted(collect(out, workers), key=lambda r: r[1])
-    elapsed = time.monotonic() - began
-    for process in workers:
-        process.join(60)
-    expected = workload.processes * workload.iterations
-    result: dict[str, Any] = {
-        "contender": workload.contender,
-        "ops_per_s": round(expected / elapsed, 1),
-        "max_concurrent": most_at_once(operations),
-    }
-    if workload.limit == 1:  # with several holders the counter is meant to lose updates
-        result["lost_updates"] = expected - final_count()
-        result.update(handoff_and_barging(operations))
-    else:
-        result["share_of_ideal"] = round(result["ops_per_s"] / (workload.limit / workload.hold), 3)
-    waits = [(got - asked) / 1e6 for asked, got, _, _ in operations]
-    result["wait_ms_p99"] = round(percentile(waits, 99) or 0, 2)
-    result["wait_ms_max"] = round(max(waits), 2)
-    return result
+class Crew:
+    """``processes`` contending processes of one contender module, started once (starting
+    Django in each costs seconds) and given one workload after another, all together."""
+
+    def __init__(self, module: str, processes: int = 8) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.ready, self.start, self.out = context.Queue(), context.Event(), context.Queue()
+        self.orders = [context.Queue() for _ in range(processes)]
+        self.workers = [
+            context.Process(target=serve, args=(module, orders, self.ready, self.start, self.out))
+            for orders in self.orders
+        ]
+        for process in self.workers:
+            process.start()
+
+    def __enter__(self) -> Crew:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for orders in self.orders:
+            orders.put(None)
+        for process in self.workers:
+            process.join(60)
+
+    def run(self, workload: Workload, reset: Any, final_count: Any) -> dict[str, Any]:
+        """Run ``workload``; ``reset()`` zeroes the counter first, ``final_count()`` reads
+        it after."""
+        reset()
+        self.start.clear()  # every worker is back waiting for orders: none can see it set
+        for orders in self.orders:
+            orders.put(workload)
+        collect(self.ready, self.workers)  # every worker is warm and at the start line
+        began = time.monotonic()
+        self.start.set()
+        operations = sorted(collect(self.out, self.workers), key=lambda r: r[1])
+        elapsed = time.monotonic() - began
+        expected = len(self.workers) * workload.iterations
+        result: dict[str, Any] = {
+            "contender": workload.contender,
+            "ops_per_s": round(expected / elapsed, 1),
+            "max_concurrent": most_at_once(operations),
+        }
+        if workload.limit == 1:  # with several holders the counter is meant to lose updates
+            result["lost_updates"] = expected - final_count()
+            result.update(handoff_and_barging(operations))
+        else:
+            result["share_of_ideal"] = round(
+                result["ops_per_s"] / (workload.limit / workload.hold), 3
+            )
+        waits = [(got - asked) / 1e6 for asked, got, _, _ in operations]
+        result["wait_ms_p99"] = round(percentile(waits, 99) or 0, 2)
+        result["wait_ms_max"] = round(max(waits), 2)
+        return result
 
 
 def collect(out: Any, workers: list[Any]) -> list[Any]:

@@ -45,8 +45,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import IntegrityError, OperationalError, connection  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
-from bench import contention  # noqa: E402
-from bench.contention import Workload  # noqa: E402
+from bench.contention import Crew, Workload  # noqa: E402
 from djlocks import Lock, Semaphore  # noqa: E402
 from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
 
@@ -110,7 +109,17 @@ def own_cursor(driver: bool = True) -> Any:
     wrapper = DedicatedConnections.new_wrapper("default")
     wrapper.ensure_connection()
     wrapper.set_autocommit(True)
+    OPENED.append(wrapper)
     return wrapper.connection.cursor() if driver else wrapper.cursor()
+
+
+OPENED: list[Any] = []  # the connections ``own_cursor`` opened, until ``finish()``
+
+
+def finish() -> None:
+    """Close the connections this workload opened (a crew's worker runs many)."""
+    while OPENED:
+        OPENED.pop().close()
 
 
 def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
@@ -260,10 +269,9 @@ def final_count() -> int:
         return int(cursor.fetchone()[0])
 
 
-def measure(contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
+def measure(crew: Crew, contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
     print(f"    {contender} (limit {limit})", file=sys.stderr, flush=True)
-    workload = Workload("bench.database_locks", contender, 8, iterations, limit, hold)
-    result = contention.contended(workload, reset_counter, final_count)
+    result = crew.run(Workload(contender, iterations, limit, hold), reset_counter, final_count)
     if limit > 1:
         result["lone_ceiling"] = lone_ceiling(contender, limit, hold)
     return result
@@ -296,14 +304,15 @@ def lone_ceiling(contender: str, limit: int, hold: float, rounds: int = 100) -> 
 def run(quick: bool) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
     iterations = 50 if quick else 200
-    return {
-        "database": connection.vendor,
-        "contended": [measure(contender, iterations) for contender in contenders()],
-        "semaphore": [
-            measure(contender, 25 if quick else 100, limit=3, hold=0.005)
-            for contender in semaphore_contenders()
-        ],
-    }
+    with Crew("bench.database_locks") as crew:
+        return {
+            "database": connection.vendor,
+            "contended": [measure(crew, contender, iterations) for contender in contenders()],
+            "semaphore": [
+                measure(crew, contender, 25 if quick else 100, limit=3, hold=0.005)
+                for contender in semaphore_contenders()
+            ],
+        }
 
 
 if __name__ == "__main__":

@@ -45,8 +45,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
-from bench import contention  # noqa: E402
-from bench.contention import Workload  # noqa: E402
+from bench.contention import Crew, Workload  # noqa: E402
 from djlocks import Lock, Semaphore  # noqa: E402
 from djlocks.percentiles import percentile  # noqa: E402
 
@@ -139,10 +138,15 @@ def locking(contender: str, limit: int) -> Handle:
     return semaphore.acquire, semaphore.release
 
 
-def contended(contender: str, iterations: int, limit: int = 1, hold: float = 0.0) -> Any:
-    workload = Workload("bench.redis_locks", contender, 8, iterations, limit, hold)
-    return contention.contended(
-        workload,
+def finish() -> None:
+    """Nothing to close: redis-py's pools go with their clients."""
+
+
+def contended(
+    crew: Crew, contender: str, iterations: int, limit: int = 1, hold: float = 0.0
+) -> Any:
+    return crew.run(
+        Workload(contender, iterations, limit, hold),
         reset=lambda: client().set(COUNTER, 0),
         final_count=lambda: int(client().get(COUNTER) or 0),
     )
@@ -153,8 +157,9 @@ def run(quick: bool) -> dict[str, Any]:
     pairs, rounds = (400, 4) if quick else (2000, 10)
     floor, table = uncontended(pairs, rounds)
     iterations = 50 if quick else 200
-    lock_runs = [contended(contender, iterations) for contender in CONTENDERS]
-    semaphore = contended(CONTENDERS[0], 25 if quick else 100, limit=3, hold=0.005)
+    with Crew("bench.redis_locks") as crew:
+        lock_runs = [contended(crew, contender, iterations) for contender in CONTENDERS]
+        semaphore = contended(crew, CONTENDERS[0], 25 if quick else 100, limit=3, hold=0.005)
     return {
         "floor_us": round(floor * 1e6, 1),
         "pairs": pairs,
