@@ -35,6 +35,15 @@ def acquired_in_another_thread(lock: Any) -> bool:
     return outcome[0]
 
 
+def seconds_until_lost(lost_at: list[float], since: float) -> float:
+    """Wait (at most 5 s) until an ``on_lost`` callback has put its monotonic time in
+    ``lost_at``; return the seconds from ``since`` to then."""
+    while not lost_at:
+        assert time.monotonic() - since < 5, "the holder never learned it lost"
+        time.sleep(0.01)
+    return lost_at[0] - since
+
+
 def start_worker(target: Any, *args: Any) -> BaseProcess:
     from djlocks.stress import current_database_names
 
