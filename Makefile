@@ -4,7 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest reliability lint bench clean
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest reliability lint docs bench clean install-test
+
+# The tests and the benchmark need a Redis: REDIS_URL, the loopback one unless set, is
+# exported to them only. `make demo` uses Redis only if REDIS_URL is in its environment.
+REDIS_URL ?= redis://127.0.0.1:6379/0
+test-sqlite test-postgresql test-mysql test-newest reliability bench: export REDIS_URL := $(REDIS_URL)
 
 $(STAMP): requirements.txt pyproject.toml Makefile
 	@pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mysqlclient 2>/dev/null || \
@@ -14,6 +19,9 @@ $(STAMP): requirements.txt pyproject.toml Makefile
 	@# PgBouncer: the tests put one in transaction pooling mode in front of PostgreSQL.
 	@test -x /usr/sbin/pgbouncer || \
 	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q pgbouncer)
+	@# Chromium and its driver: the installation test loads the admin dashboard in them.
+	@test -x /usr/bin/chromedriver || \
+	  (command -v apt-get >/dev/null && apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
@@ -31,13 +39,12 @@ demo: setup
 	  $(PY) manage.py djlocks stress --backend redis --processes 8 --iterations 100; \
 	  $(PY) manage.py djlocks stress --backend redis --processes 8 --iterations 50 --limit 3 --hold-ms 5; \
 	fi
-	DJANGO_SUPERUSER_PASSWORD=demo $(PY) manage.py createsuperuser --noinput \
-	  --username demo --email demo@example.com 2>/dev/null || true
-	@echo "Admin: http://127.0.0.1:8000/admin/djlocks/lockname/  (user demo, password demo)"
+	@# A new random password at each run, printed once: the demo has no fixed login.
+	@$(PY) manage.py demo_superuser
 	@echo "A live workload of runlocked jobs runs next to the server until you stop it (Ctrl-C)."
 	$(PY) -m project.demo.workload & workload=$$!; \
 	  trap 'kill $$workload 2>/dev/null; wait $$workload' EXIT INT TERM; \
-	  $(PY) manage.py runserver --noreload 127.0.0.1:8000
+	  $(PY) manage.py runserver --noreload --insecure 127.0.0.1:8000
 
 test: setup test-sqlite test-postgresql test-mysql
 
@@ -50,7 +57,7 @@ test-postgresql: setup
 test-mysql: setup
 	DJLOCKS_DB=mysql $(PY) -m pytest
 
-# RELIABILITY.md's catalogue: its tests (part of `make test`) on the three databases,
+# The fault catalogue (tests/catalogue.py): its tests (part of `make test`) on the three databases,
 # ROUNDS times in a row, then docs/reliability.md from the last round's results.
 ROUNDS ?= 1
 reliability: setup
@@ -62,16 +69,28 @@ reliability: setup
 	done
 	$(PY) -m tests.catalogue var/catalogue > docs/reliability.md
 
-# BENCHMARKS.md's workloads on the three databases; QUICK=1 for a short run.
+# The benchmark workloads (bench/) on the three databases and Redis; QUICK=1 for a short run.
 bench: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) bench/run.py $(if $(QUICK),--quick)
+
+# djlocks as a new user gets it: the wheel in fresh virtualenvs, one per extra, in a
+# project made by django-admin startproject (tests/installation.py).
+install-test: setup
+	$(PY) -m tests.installation
 
 lint: setup
 	$(VENV)/bin/ruff check djlocks project tests bench
 	$(VENV)/bin/ruff format --check djlocks project tests bench
 	$(VENV)/bin/mypy
 	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run
+
+# The documentation site (Sphinx, MyST Markdown, furo) into var/docs-html: warnings are
+# errors and every cross-reference must resolve. Needs no database server (docs/conf.py
+# configures the demo project on SQLite, with its scratch files in /tmp/docs-var).
+docs: setup
+	$(PY) -m pip install -q -r requirements-docs.txt
+	$(VENV)/bin/sphinx-build -W --keep-going -n -b html docs var/docs-html
 
 clean:
 	rm -rf $(VENV) $(NEWEST_VENV) var

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md workloads 3 and 4 for any store: many processes on one lock or semaphore.
+"""The contended lock and semaphore workloads for any store: many processes on one name.
 
 A *contender module* (``bench/redis_locks.py``, ``bench/database_locks.py``)
 says how its contenders are built; each worker process imports it (which sets
@@ -15,7 +15,7 @@ Django up) and calls:
 A ``Crew`` of worker processes runs workload after workload. Each worker
 records every operation as (asked, got, done, pid) on the monotonic clock
 (``CLOCK_MONOTONIC`` is one clock for every process on the machine);
-``Crew.run`` turns them into the figures BENCHMARKS.md asks for.
+``Crew.run`` turns them into the figures the benchmark reports.
 """
 
 from __future__ import annotations

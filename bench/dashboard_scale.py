@@ -1,4 +1,4 @@
-"""BENCHMARKS.md workload 6 (scale): 10,000 held names and 1,000 waiters in the lease store.
+"""The dashboard scale workload: 10,000 held names and 1,000 waiters in the lease store.
 
 Measures the server time to render the dashboard's overview (first page, and a
 search) and ``djlocks list --json``. The holders and waiters are written as

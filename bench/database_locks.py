@@ -1,4 +1,4 @@
-"""The database contenders, and BENCHMARKS.md workloads 3 and 4 on one database.
+"""The database contenders, and the contended lock and semaphore workloads on one database.
 
 Contenders on the database that ``DJLOCKS_DB`` selects: every djlocks backend
 configured for it (each with its event history on and off), and the peers
@@ -14,7 +14,7 @@ durable upsert, the least a fence that survives a crash costs.
   the worker's own connection, except for the row backend, whose lock is the
   caller's transaction: there it is read and written in that transaction.
 * Semaphore: limit 3, 8 processes x 100 iterations, 5 ms hold, for the djlocks
-  backends and, as the peer BENCHMARKS.md names, the server's own lock tried
+  backends and, as the peer (no Python library has one), the server's own lock tried
   on 3 slot keys in turn with a 2 ms sleep between rounds.
 
 Usage: DJLOCKS_DB=sqlite|postgresql|mysql python bench/database_locks.py [--quick]

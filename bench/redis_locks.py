@@ -1,4 +1,5 @@
-"""BENCHMARKS.md workloads 1-4 on Redis: djlocks' Redis backend beside its peers.
+"""The floor, uncontended, contended lock and semaphore workloads on Redis: djlocks'
+Redis backend beside its peers.
 
 Contenders: djlocks ``redis`` (history on and off), redis-py's ``Lock`` (what
 django-redis's ``cache.lock`` returns) and python-redis-lock, all on the same

@@ -63,9 +63,9 @@ def render(report: dict[str, Any]) -> str:
         f"Written by `{report['command']}` on {report['machine']['when']}: "
         f"Python {report['machine']['python']}, Django {report['machine']['django']}, "
         f"{report['machine']['machine']}. Figures are medians and ratios from one run; "
-        "the workloads are those of BENCHMARKS.md.",
+        "each section names its workload, and bench/ holds their code.",
         "",
-        "## Uncontended acquire + release (workload 2)",
+        "## Uncontended acquire + release",
         "",
         "`x RTT` is the median pair over the median `SELECT 1` round trip (the floor) "
         "measured in the same process; contenders interleaved round by round.",
@@ -83,7 +83,7 @@ def render(report: dict[str, Any]) -> str:
     lines += render_runlocked(report["runlocked_startup"])
     lines += [
         "",
-        "## Scale (workload 6): 10,000 held names and 1,000 waiters",
+        "## Dashboard scale: 10,000 held names and 1,000 waiters",
         "",
         "| database | overview page | overview search | overview.json | name page "
         "| `djlocks list --json` |",
@@ -105,9 +105,10 @@ def section(title: str, text: str, header: str, alignment: str) -> list[str]:
 
 
 def render_contended(runs: list[dict[str, Any]]) -> list[str]:
-    """Workloads 3 and 4 on the databases, each contender beside the raw primitive."""
+    """The contended lock and semaphore workloads on the databases, each contender beside
+    the raw primitive."""
     lines = section(
-        "Contended lock on the databases (workload 3)",
+        "Contended lock on the databases",
         "8 processes, each acquire -> read a counter row -> write it + 1 -> release. "
         "`vs raw`: ops/s over the raw primitive's (GET_LOCK, pg_advisory_lock) in the same run.",
         "| database | contender | ops/s | vs raw | lost updates | overlaps "
@@ -125,7 +126,7 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
                 f"{row['barging_pct']} % | {row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
             )
     lines += section(
-        "Semaphore on the databases (workload 4)",
+        "Semaphore on the databases",
         "Limit 3, 8 processes, 5 ms hold; the ideal is 600 ops/s. The peer is the server's "
         "own lock on 3 slot keys tried in turn, sleeping 2 ms between rounds. "
         "`lone ceiling`: the share of the ideal if each slot went to the next holder at "
@@ -146,9 +147,9 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def render_runlocked(runs: list[dict[str, Any]]) -> list[str]:
-    """Workload 5: ``runlocked NAME -- true`` over ``manage.py version``."""
+    """runlocked start-up: ``runlocked NAME -- true`` over ``manage.py version``."""
     lines = section(
-        "runlocked (workload 5)",
+        "runlocked start-up",
         "Median wall time of `manage.py runlocked bench:runlocked --backend ALIAS -- true` "
         "over that of `manage.py version` (Django's start-up), runs interleaved.",
         "| database | `manage.py version` | backend | runlocked | x version |",
@@ -164,10 +165,11 @@ def render_runlocked(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def render_redis(run: dict[str, Any]) -> list[str]:
-    """Workloads 1-4 on Redis, djlocks beside redis-py's Lock and python-redis-lock."""
+    """The floor, uncontended, contended lock and semaphore workloads on Redis, djlocks
+    beside redis-py's Lock and python-redis-lock."""
     lines = [
         "",
-        "## Redis: djlocks beside its peers (workloads 1-4)",
+        "## Redis: djlocks beside its peers",
         "",
         f"Floor: median `PING` {run['floor_us']} µs, sampled between the batches. "
         f"Uncontended: {run['pairs']} pairs, rounds interleaved.",

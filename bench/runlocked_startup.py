@@ -1,4 +1,5 @@
-"""BENCHMARKS.md workload 5 on one database: ``manage.py runlocked`` against Django's start-up.
+"""The runlocked start-up workload on one database: ``manage.py runlocked`` against
+Django's start-up.
 
 Wall time of ``manage.py runlocked NAME --backend ALIAS -- true`` (start
 Django, acquire, start the command, wait for it, release, exit) beside

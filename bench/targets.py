@@ -1,4 +1,4 @@
-"""BENCHMARKS.md's targets, each checked against the figures of one ``make bench`` run."""
+"""The benchmark's targets, each checked against the figures of one ``make bench`` run."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def render(report: dict[str, Any]) -> list[str]:
     met = sum(1 for _, _, ok in found if ok)
     lines = [
         "",
-        "## The targets of BENCHMARKS.md, checked against this run",
+        "## The targets, checked against this run",
         "",
         f"{met} of {len(found)} met. Figures with the event history off, where it matters.",
         "",

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md workloads 1 and 2 for one database: the floor and uncontended locks.
+"""The floor and the uncontended workload for one database: a round trip, and lone locks.
 
 Each contender (``bench/database_locks.py``: every djlocks backend configured
 for the database, the lease backend with history on and off, the server's raw

@@ -2,16 +2,34 @@
 on every server that uses the same database or Redis."""
 
 from djlocks.core import Lock, Semaphore, db_lock, db_semaphore
-from djlocks.exceptions import AlreadyHeld, LockError, LockLost, NotAcquired, NotHeld
+from djlocks.exceptions import (
+    AlreadyHeld,
+    BackendUnavailable,
+    LockDeadlock,
+    LockError,
+    LockLost,
+    NotAcquired,
+    NotHeld,
+    ReleaseRequested,
+)
+from djlocks.grant import Grant
+
+#: The one place the version is written; the package metadata reads it from here.
+__version__ = "0.2.0"
 
 __all__ = [
     "AlreadyHeld",
+    "BackendUnavailable",
+    "Grant",
     "Lock",
+    "LockDeadlock",
     "LockError",
     "LockLost",
     "NotAcquired",
     "NotHeld",
+    "ReleaseRequested",
     "Semaphore",
+    "__version__",
     "db_lock",
     "db_semaphore",
 ]

@@ -31,7 +31,8 @@ from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.dashboard import SORTS, STATES, NameSummary, overview, select
 from djlocks.events import events, recent_events, statistics
-from djlocks.inspection import force_release, public, snapshot
+from djlocks.exceptions import BackendUnavailable
+from djlocks.inspection import GRACEFUL_WAIT, force_release, public, request_release, snapshot
 from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
 
 PAGE_SIZE = 100
@@ -59,14 +60,45 @@ class ReleaseForm(forms.Form):
 
     ``fences`` carries the shown grants' fences (comma-separated): a grant that
     changed hands since the page was drawn has a new fence and is left alone.
+    Where the backend can ask a holder to give its grant back (``graceful``),
+    ``mode`` chooses that instead, and ``wait`` is the holder's time (seconds).
     """
 
+    IMMEDIATE, GRACEFUL = "immediate", "graceful"
+
     fences = forms.CharField(widget=forms.HiddenInput)
+    mode = forms.ChoiceField(
+        choices=[
+            (IMMEDIATE, "Immediate: take the grant away now"),
+            (GRACEFUL, "Graceful: ask the holder to give it back"),
+        ],
+        initial=IMMEDIATE,
+        required=False,
+        widget=forms.RadioSelect,
+    )
+    wait = forms.FloatField(
+        min_value=0.001,
+        initial=GRACEFUL_WAIT,
+        required=False,
+        help_text="Graceful only: seconds the holder gets before the store ends its lease.",
+    )
     reason = forms.CharField(
         max_length=500,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Recorded with your user name in the history and the admin log.",
     )
+
+    def __init__(self, *args: Any, graceful: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not graceful:
+            del self.fields["mode"], self.fields["wait"]
+
+    def graceful_wait(self) -> float | None:
+        """The wait of a graceful release, or ``None`` for an immediate one (once valid)."""
+        if self.cleaned_data.get("mode") != self.GRACEFUL:
+            return None
+        wait = self.cleaned_data.get("wait")
+        return GRACEFUL_WAIT if wait is None else float(wait)
 
     def clean_fences(self) -> set[int]:
         text = self.cleaned_data["fences"]
@@ -259,30 +291,27 @@ class DashboardAdmin(ReadOnlyAdmin):
         """Confirm (GET) and perform (POST) the forced release of shown grants."""
         self._require(request, self.has_force_release_permission(request))
         backend, name = _target(request.GET)
-        live = snapshot(name, backend).holders
+        found = snapshot(name, backend)
+        if found.unavailable:
+            messages.error(request, f"Nothing was released: {found.unavailable[backend]}")
+            return redirect(_name_url(backend, name))
         fence = request.GET.get("fence")
-        shown = [h for h in live if fence is None or str(h.fence) == fence]
+        shown = [h for h in found.holders if fence is None or str(h.fence) == fence]
         form = ReleaseForm(
-            request.POST or None, initial={"fences": ",".join(str(h.fence) for h in shown)}
+            request.POST or None,
+            initial={"fences": ",".join(str(h.fence) for h in shown)},
+            graceful=backends[backend].releases_gracefully,
         )
         if request.method == "POST" and form.is_valid():
             chosen = form.cleaned_data["fences"]
-            reason = form.cleaned_data["reason"]
-            user = request.user.get_username()
-            released = force_release(
-                [h for h in live if h.fence in chosen], reason=reason, operator=user
+            self._release(
+                request,
+                backend,
+                name,
+                form.cleaned_data["reason"],
+                [h for h in found.holders if h.fence in chosen],
+                form.graceful_wait(),
             )
-            for holder in released:
-                self.log_change(
-                    request,
-                    LockName(name=name, backend=backend),
-                    f"Forced release of slot {holder.slot} (fence {holder.fence}) held by "
-                    f"{holder.host} pid {holder.pid}: {reason}",
-                )
-            gone = len(chosen) - len(released)
-            messages.success(request, f"Released {len(released)} grant(s) of {name!r} by force.")
-            if gone:
-                messages.warning(request, f"{gone} grant(s) had already ended; nothing done there.")
             return redirect(_name_url(backend, name))
         if not shown:
             messages.warning(request, f"Nobody holds {name!r} with that fence now.")
@@ -290,13 +319,60 @@ class DashboardAdmin(ReadOnlyAdmin):
         return self._confirmation(
             request,
             "release.html",
-            f"Release {name} by force?",
+            f"Release {name}?",
             backend,
             name,
             form,
-            holders=shown,
+            holders=[public(holder) for holder in shown],
             effect=backends[backend].forced_release_effect,
         )
+
+    def _release(
+        self,
+        request: HttpRequest,
+        backend: str,
+        name: str,
+        reason: str,
+        chosen: list[HolderInfo],
+        wait: float | None,
+    ) -> None:
+        """Release ``chosen`` by force, or ask their holders to give them back within
+        ``wait`` seconds (a graceful release); each grant is audited (``LogEntry`` and
+        event) as it is done. Say on the page what was done, and what failed."""
+        released: list[HolderInfo] = []
+        done = "Forced release" if wait is None else f"Graceful release (within {wait:g} s)"
+
+        def audited(holder: HolderInfo) -> None:
+            released.append(holder)
+            self.log_change(
+                request,
+                LockName(name=name, backend=backend),
+                f"{done} of slot {holder.slot} (fence {holder.fence}) held by "
+                f"{holder.host} pid {holder.pid}: {reason}",
+            )
+
+        user = request.user.get_username()
+        try:
+            if wait is None:
+                force_release(chosen, reason=reason, operator=user, on_released=audited)
+            else:
+                request_release(
+                    chosen, wait=wait, reason=reason, operator=user, on_requested=audited
+                )
+        except BackendUnavailable as exc:
+            messages.error(request, f"The release stopped after {len(released)} grant(s): {exc}")
+        else:
+            gone = len(chosen) - len(released)
+            if gone:
+                messages.warning(request, f"{gone} grant(s) had already ended; nothing done there.")
+        if released and wait is not None:
+            messages.success(
+                request,
+                f"Asked {len(released)} holder(s) of {name!r} to give their grant back within "
+                f"{wait:g} s; each slot is free when its holder has, or when that time is up.",
+            )
+        elif released:
+            messages.success(request, f"Released {len(released)} grant(s) of {name!r} by force.")
 
     def cooldown_view(self, request: HttpRequest) -> HttpResponse:
         """Confirm (GET) and perform (POST) clearing or moving a slot's cool-down."""
@@ -306,13 +382,15 @@ class DashboardAdmin(ReadOnlyAdmin):
         form = CooldownForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             seconds, reason = form.cleaned_data["seconds"], form.cleaned_data["reason"]
+            store = backends[backend]
             try:
-                until = backends[backend].set_cooldown(name, slot, seconds)
-            except ValueError as exc:
-                messages.error(request, str(exc))
+                until = store.set_cooldown(name, slot, seconds)
+            except (ValueError, BackendUnavailable) as exc:
+                messages.error(request, f"The cool-down was not changed: {exc}")
                 return redirect(_name_url(backend, name))
             user = request.user.get_username()
-            events.cooldown_changed(backend, name, slot, until, operator=user, reason=reason)
+            if store.records_history:
+                events.cooldown_changed(backend, name, slot, until, operator=user, reason=reason)
             change = f"until {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cleared"
             self.log_change(
                 request,
@@ -455,6 +533,9 @@ class LockEventAdmin(ReadOnlyAdmin):
 
 @admin.register(LeaseSlot)
 class LeaseSlotAdmin(ReadOnlyAdmin):
+    """The lease rows, without their owner tokens: a token lets its bearer release."""
+
+    exclude = ("token",)
     list_display = (
         "name",
         "slot",

@@ -7,17 +7,24 @@ through these functions, so each kind of nonsense gets the same clear error.
 from __future__ import annotations
 
 import math
+import re
 from datetime import timedelta
 
 Seconds = int | float | timedelta
 
 MAX_NAME_LENGTH = 255
+#: Characters of a label (``Lock(label=...)``, ``runlocked --label``); the stores keep 255.
+MAX_LABEL_LENGTH = 255
+#: NUL, which no database stores in text, and lone surrogates, which are not Unicode
+#: text at all (Python decodes bytes that were not UTF-8, e.g. from ``sys.argv``, to them).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def validate_name(name: object) -> str:
     """Return ``name`` if it is a usable lock name, else raise ``ValueError``.
 
-    A name is a non-empty ``str`` of at most 255 characters, any Unicode.
+    A name is a non-empty ``str`` of at most 255 characters, any Unicode but NUL
+    and lone surrogates (see ``validate_text``). Raises ``TypeError`` for a non-str.
     """
     if not isinstance(name, str):
         raise TypeError(f"A lock name must be a str, not {type(name).__name__}.")
@@ -28,7 +35,81 @@ def validate_name(name: object) -> str:
             f"A lock name has at most {MAX_NAME_LENGTH} characters; this one has {len(name)}. "
             "Use a shorter name, or hash the long part yourself."
         )
-    return name
+    return validate_text(name, "A lock name")
+
+
+def validate_label(label: object) -> str | None:
+    """Return ``label`` (``None``: the default, the process's command line) if usable.
+
+    A label is a ``str`` of at most ``MAX_LABEL_LENGTH`` (255) characters, empty
+    allowed, any Unicode but NUL and lone surrogates (see ``validate_text``).
+    Raises ``ValueError`` for a bad one, ``TypeError`` for a non-str.
+    """
+    if label is None:
+        return None
+    if not isinstance(label, str):
+        raise TypeError(f"A label must be a str or None, not {type(label).__name__}.")
+    if len(label) > MAX_LABEL_LENGTH:
+        raise ValueError(
+            f"A label has at most {MAX_LABEL_LENGTH} characters; this one has {len(label)}. "
+            "Shorten it: it is shown to operators, who need its start."
+        )
+    return validate_text(label, "A label")
+
+
+def validate_text(text: str, what: str) -> str:
+    """Return ``text`` if every store can keep it, else raise ``ValueError``.
+
+    ``what`` names the text in the message (``"A lock name"``). Refused: NUL,
+    which no database keeps in text, and lone surrogates (U+D800 to U+DFFF),
+    which are not Unicode: Python makes them from bytes that were not UTF-8,
+    such as a command-line argument in another encoding.
+    """
+    found = _UNSTORABLE.search(text)
+    if found is None:
+        return text
+    where = f"at position {found.start()}"
+    if found.group() == "\x00":
+        raise ValueError(
+            f"{what} must not contain NUL (\\x00, {where}): databases cannot store it. Remove it."
+        )
+    raise ValueError(
+        f"{what} must be Unicode text, but holds the lone surrogate "
+        f"{_escaped(found)} {where}: bytes that were not "
+        f"UTF-8 (a command-line argument in another encoding arrives like this). "
+        f"Pass UTF-8 text."
+    )
+
+
+def storable(text: str, max_length: int) -> str:
+    """``text`` made storable and cut to ``max_length`` characters, for text that
+    djlocks itself gathers (the command line as a default label, a thread's name).
+
+    NUL and lone surrogates become the escapes ``\\x00`` and ``\\udcff``: the
+    text stays readable to operators instead of being refused.
+    """
+    return _UNSTORABLE.sub(_escaped, text)[:max_length]
+
+
+#: Characters a terminal acts on (C0 and C1 controls, DEL: ESC starts screen-clearing
+#: and title-setting sequences), that reorder a line (bidirectional embeddings,
+#: overrides and isolates), or that are not text (lone surrogates).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on shown as an escape.
+
+    For command-line output of names, labels, hosts and threads that anyone may
+    have chosen: ``"a\\x1b[2Jb\\n"`` prints as ``a\\x1b[2Jb\\n``, never clearing
+    the screen. Newline, tab and carriage return become ``\\n``, ``\\t``, ``\\r``;
+    other controls ``\\xNN`` or ``\\uNNNN``. Other text, backslashes included, is unchanged.
+    """
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return found.group().encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
 def _to_seconds(value: Seconds, what: str) -> float:

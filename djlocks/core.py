@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast, overload
 
 from asgiref.sync import sync_to_async
 
@@ -21,6 +21,7 @@ from djlocks.arguments import (
     normalize_cooldown,
     normalize_timeout,
     normalize_ttl,
+    validate_label,
     validate_limit,
     validate_name,
 )
@@ -37,8 +38,25 @@ acquire_log = logging.getLogger("djlocks.acquire")
 release_log = logging.getLogger("djlocks.release")
 
 F = TypeVar("F", bound=Callable[..., Any])
-_USE_SPEC = object()  # "use the timeout given to the spec"
+_USE_SPEC: Any = object()  # "use the timeout given to the spec"
 LostCallback = Callable[[Grant, str], None]
+#: What a decorated call does when the lock is not granted in time.
+OnBusy = Literal["raise", "skip"]
+
+
+class LockOptions(TypedDict, total=False):
+    """The keyword arguments of ``Lock``, ``Semaphore``, ``db_lock`` and ``db_semaphore``."""
+
+    timeout: Seconds | None
+    ttl: Seconds | None
+    cooldown: Seconds
+    backend: str
+    label: str | None
+    renew: bool
+    on_lost: LostCallback | None
+    on_busy: OnBusy
+
+
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
@@ -58,16 +76,32 @@ class Lock:
     and shared between threads; each acquire's state lives in its ``Grant``.
 
     Arguments:
-        name: non-empty ``str`` of at most 255 characters. ``None`` is allowed
+        name: non-empty ``str`` of at most 255 characters, any Unicode but NUL and
+            lone surrogates (bytes that were not UTF-8). ``None`` is allowed
             only for the decorator form, which then uses ``module.qualname``.
         timeout: seconds to wait (int, float or ``timedelta``); ``None`` waits
             forever, ``0`` tries once.
         ttl: lease length in seconds for lease backends; default
             ``DJLOCKS["TTL"]``. Renewed every ttl/3 while held unless ``renew=False``.
-        cooldown: seconds the slot stays unavailable after release (scenario S4).
+        cooldown: seconds the slot stays unavailable after release (a cool-down:
+            "not again within X seconds").
         backend: an alias of ``DJLOCKS["BACKENDS"]``.
-        label: free text shown to operators; default the process's command line.
-        on_lost: called as ``on_lost(grant, reason)`` when the grant is lost.
+        label: free text shown to operators, at most 255 characters, no NUL nor
+            lone surrogates; default the process's command line (cut to 255
+            characters, NUL and bytes that were not UTF-8 shown as escapes).
+        renew: ``False`` turns the heartbeat off: the lease then ends at its TTL.
+        on_lost: called as ``on_lost(grant, reason)`` when the grant is lost
+            (at once where the store pushes a forced release: the lease backend on
+            PostgreSQL, Redis; else at the next renewal), and when an operator asks
+            for it back (a graceful release; ``reason`` is
+            ``djlocks.grant.RELEASE_REQUESTED``, and the grant stays held until it is
+            released or the operator's wait ends). May be called from djlocks'
+            heartbeat thread.
+        on_busy: what a call of a decorated function does when the lock is not
+            granted within ``timeout``: ``"raise"`` (the default) raises
+            ``NotAcquired``; ``"skip"`` returns ``None`` without running the
+            function, as a cron-style "skip if already running" does. A ``with``
+            block cannot be skipped, so ``"skip"`` is refused there with ``TypeError``.
 
     Raises ``ValueError``/``TypeError`` for bad arguments at construction, and
     ``ImproperlyConfigured`` for an unknown backend alias at first use.
@@ -88,6 +122,7 @@ class Lock:
         label: str | None = None,
         renew: bool = True,
         on_lost: LostCallback | None = None,
+        on_busy: OnBusy = "raise",
     ) -> None:
         self._name = None if name is None else validate_name(name)
         self.timeout = normalize_timeout(timeout)
@@ -96,9 +131,12 @@ class Lock:
         if not isinstance(backend, str) or not backend:
             raise ValueError(f"backend must be an alias of DJLOCKS['BACKENDS'], not {backend!r}.")
         self.backend_alias = backend
-        self.label = label
+        self.label = validate_label(label)
         self.renew = renew
         self.on_lost = on_lost
+        if on_busy not in ("raise", "skip"):
+            raise ValueError(f"on_busy must be 'raise' or 'skip', not {on_busy!r}.")
+        self.on_busy = on_busy
         self._held: dict[tuple[int, int], list[Grant]] = {}
         self._held_guard = threading.Lock()
 
@@ -179,8 +217,8 @@ class Lock:
             return None
         grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
         if time.monotonic() >= grant.believe_until():
-            # The reply took so long that the lease may already have run out (G2,
-            # RELIABILITY item 8): the caller must not believe it; give it back by token.
+            # The reply took so long that the lease may already have run out (honest
+            # belief, docs/guarantees.md): the caller must not believe it; give it back.
             acquire_log.warning(
                 "the grant of %s arrived after its lease could have ended; given back", self.name
             )
@@ -237,15 +275,41 @@ class Lock:
     # -- context manager -----------------------------------------------------
 
     def __enter__(self) -> Grant:
-        grant = self.acquire_grant(True, _USE_SPEC)
-        if grant is None:
-            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
-        return grant
+        self._refuse_skip_in_a_block()
+        return self._granted_or_busy(self.acquire_grant(True, _USE_SPEC))
 
     def __exit__(self, *exc_info: Any) -> None:
         self._release_grant(self._pop_current(), exc_info)
 
     async def __aenter__(self) -> Grant:
+        self._refuse_skip_in_a_block()
+        return self._granted_or_busy(await self._aacquire_grant(True, _USE_SPEC))
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.arelease()
+
+    # -- async handle ----------------------------------------------------------
+
+    async def aacquire(self, blocking: bool = True, timeout: Any = _USE_SPEC) -> bool:
+        """``acquire()`` for async code: ``await lock.aacquire(timeout=5)``.
+
+        Waits in a worker thread, so the event loop keeps running. Cancelling
+        the awaiting task ends the wait and gives back a grant that arrived
+        meanwhile. Same arguments, result and exceptions as ``acquire()``, plus
+        ``TypeError`` for a backend whose grants live in the calling thread's
+        transaction (the row backend).
+        """
+        return await self._aacquire_grant(blocking, timeout) is not None
+
+    async def arelease(self) -> None:
+        """``release()`` for async code: release what this task acquired through this handle.
+
+        Raises ``NotHeld`` and ``LockLost`` as ``release()`` does.
+        """
+        grant = self._pop_current()
+        await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
+
+    async def _aacquire_grant(self, blocking: bool, timeout: Any) -> Grant | None:
         if self.backend.in_caller_transaction:
             raise TypeError(
                 f"{self!r}: a row lock lives in the calling thread's database transaction, "
@@ -254,7 +318,7 @@ class Lock:
             )
         abort = Abort()
         attempt = asyncio.ensure_future(
-            sync_to_async(self.acquire_grant, thread_sensitive=False)(True, _USE_SPEC, abort)
+            sync_to_async(self.acquire_grant, thread_sensitive=False)(blocking, timeout, abort)
         )
         try:
             grant = await asyncio.shield(attempt)
@@ -264,14 +328,21 @@ class Lock:
             if late is not None:
                 await sync_to_async(late.release, thread_sensitive=False)()
             raise
-        if grant is None:
-            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
-        self._move_to_current_task(grant)
+        if grant is not None:
+            self._move_to_current_task(grant)
         return grant
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        grant = self._pop_current()
-        await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
+    def _granted_or_busy(self, grant: Grant | None) -> Grant:
+        if grant is None:
+            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
+        return grant
+
+    def _refuse_skip_in_a_block(self) -> None:
+        if self.on_busy == "skip":
+            raise TypeError(
+                f"{self!r} has on_busy='skip', which only a decorated function can honour: "
+                f"a with block cannot be skipped. Use `if lock.acquire(): ...` instead."
+            )
 
     def _release_specific(self, grant: Grant) -> None:
         """Release ``grant`` whichever thread or task acquired it."""
@@ -307,7 +378,8 @@ class Lock:
     def __call__(self, func: F) -> F:
         """Decorate ``func`` so each call runs while holding the lock.
 
-        Raises ``NotAcquired`` from the call when the lock is not granted in time.
+        A call not granted the lock within ``timeout`` raises ``NotAcquired``,
+        or returns ``None`` without running ``func`` when ``on_busy="skip"``.
         """
         spec = (
             self
@@ -318,17 +390,31 @@ class Lock:
 
             @functools.wraps(func)
             async def async_locked(*args: Any, **kwargs: Any) -> Any:
-                async with spec:
+                if not spec._granted_for_call(await spec._aacquire_grant(True, _USE_SPEC)):
+                    return None
+                async with contextlib.AsyncExitStack() as releasing:
+                    releasing.push_async_exit(spec)
                     return await func(*args, **kwargs)
 
             return cast(F, async_locked)
 
         @functools.wraps(func)
         def locked(*args: Any, **kwargs: Any) -> Any:
-            with spec:
+            if not spec._granted_for_call(spec.acquire_grant(True, _USE_SPEC)):
+                return None
+            with contextlib.ExitStack() as releasing:
+                releasing.push(spec)
                 return func(*args, **kwargs)
 
         return cast(F, locked)
+
+    def _granted_for_call(self, grant: Grant | None) -> bool:
+        """True if a decorated call may run; False to skip it (``on_busy="skip"``)."""
+        if grant is None and self.on_busy == "skip":
+            acquire_log.info("skipped a call: %r is busy", self.name)
+            return False
+        self._granted_or_busy(grant)
+        return True
 
 
 class Semaphore(Lock):
@@ -339,7 +425,9 @@ class Semaphore(Lock):
     Other arguments as for ``Lock``.
     """
 
-    def __init__(self, name: str | None = None, *, limit: int, **options: Any) -> None:
+    def __init__(
+        self, name: str | None = None, *, limit: int, **options: Unpack[LockOptions]
+    ) -> None:
         super().__init__(name, **options)
         self.limit = validate_limit(limit)
 
@@ -347,16 +435,30 @@ class Semaphore(Lock):
         return f"<Semaphore {self._name!r} limit={self.limit} backend={self.backend_alias!r}>"
 
 
+@overload
+def db_lock(name: F) -> F: ...
+
+
+@overload
+def db_lock(name: str | None = None, **options: Unpack[LockOptions]) -> Lock: ...
+
+
 def db_lock(name: str | Callable[..., Any] | None = None, **options: Any) -> Any:
     """Build a ``Lock``: ``with db_lock("x", timeout=10) as grant:`` or ``@db_lock("x")``.
 
-    ``@db_lock`` with no arguments names the lock after the function.
+    ``@db_lock`` with no arguments names the lock after the function it decorates
+    (``module.qualname``). Keyword arguments are those of ``Lock``.
     """
     if callable(name):
         return Lock(None, **options)(name)
     return Lock(name, **options)
 
 
-def db_semaphore(name: str | None = None, *, limit: int, **options: Any) -> Semaphore:
-    """Build a ``Semaphore``: ``with db_semaphore("pdf-render", limit=5, ttl=60, timeout=30):``."""
+def db_semaphore(
+    name: str | None = None, *, limit: int, **options: Unpack[LockOptions]
+) -> Semaphore:
+    """Build a ``Semaphore``: ``with db_semaphore("pdf-render", limit=5, ttl=60, timeout=30):``.
+
+    Also a decorator, like ``db_lock``. Keyword arguments are those of ``Lock``.
+    """
     return Semaphore(name, limit=limit, **options)

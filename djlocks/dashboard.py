@@ -1,7 +1,8 @@
 """What the admin dashboard shows: one summary per name and backend, filtered and sorted.
 
 The rows come from the stores' own answers (``inspection.snapshot`` and each
-backend's ``names()``), so the dashboard tells what ``djlocks list`` tells (G13).
+backend's ``names()``), so the dashboard tells what ``djlocks list`` tells: the
+stores' own state, never a copy of it.
 The admin views in ``djlocks.admin`` only render and serve these.
 """
 

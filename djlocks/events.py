@@ -43,6 +43,7 @@ class Kind(models.TextChoices):
     LOST = "lost", "lost"
     EXPIRED = "expired", "expired"
     FORCED_RELEASE = "forced_release", "forced release"
+    RELEASE_REQUESTED = "release_requested", "release requested"
     COOLDOWN_CHANGED = "cooldown_changed", "cool-down changed"
 
 

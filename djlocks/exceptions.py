@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 
 class LockError(Exception):
     """Base class of every error djlocks raises about a lock's state."""
@@ -35,10 +37,37 @@ class LockLost(LockError):
     """
 
 
+class ReleaseRequested(LockLost):
+    """An operator asked the holder to give its grant back (a graceful release).
+
+    The grant is still held: the store keeps it until the holder releases it,
+    or until the operator's wait runs out, whichever comes first.
+    ``seconds_left`` (float) is how long it may last at most, measured by the
+    store when it answered; ``expires_at`` (aware ``datetime`` or ``None``) is
+    that end. Raised by ``Grant.check()`` (and by a backend's ``renew`` and
+    ``is_held``); a subclass of ``LockLost``, so that a loop that stops on a
+    lost grant stops here too. Release the grant to let the next waiter in.
+    """
+
+    def __init__(
+        self, message: str, seconds_left: float = 0.0, expires_at: datetime | None = None
+    ) -> None:
+        super().__init__(message)
+        self.seconds_left = seconds_left
+        self.expires_at = expires_at
+
+    def __reduce__(self) -> tuple[type[ReleaseRequested], tuple[str, float, datetime | None]]:
+        return type(self), (str(self), self.seconds_left, self.expires_at)
+
+
 class BackendUnavailable(LockError):
     """The lock store could not be reached; the message names the store and the cause."""
 
 
 class LockDeadlock(NotAcquired):
-    """The database found that this wait completes a cycle of lock waits and refused it
-    (PostgreSQL SQLSTATE 40P01, MySQL error 3058). Release what you hold and retry."""
+    """This wait would complete a cycle of lock waits, so it was refused.
+
+    Found by the database (PostgreSQL SQLSTATE 40P01, MySQL error 3058, an
+    InnoDB deadlock between row locks), or by djlocks between session locks,
+    whose server cannot see the cycle; this waiter is the one chosen to give up.
+    Release what you hold and retry."""

@@ -1,8 +1,9 @@
-"""Fenced writes: let the protected resource refuse a stale holder (RELIABILITY G3).
+"""Fenced writes: let the protected resource refuse a stale holder.
 
-A lease can run out while its holder is paused; when the holder wakes it may
+A lease can run out while its holder is paused (see "Fencing" in
+docs/guarantees.md); when the holder wakes it may
 still write. Store the fence of the last writer beside the data and write
-only when your fence is at least as new:
+only when your fence is at least as new::
 
     from djlocks.fencing import fenced_update
 

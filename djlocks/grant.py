@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from djlocks.backends.base import GrantRecord, LockBackend
 from djlocks.events import Kind, events
-from djlocks.exceptions import LockLost, NotHeld
+from djlocks.exceptions import LockLost, NotHeld, ReleaseRequested
 from djlocks.identity import Identity
 from djlocks.signals import lock_lost
 
@@ -24,8 +24,13 @@ if TYPE_CHECKING:
 
 lost_log = logging.getLogger("djlocks.lost")
 
-#: A holder stops believing this share of the TTL before the lease's end (G2).
+#: A holder stops believing this share of the TTL before the lease's end, so that it
+#: never believes past its TTL (honest belief, docs/guarantees.md).
 BELIEF_MARGIN = 0.1
+#: The reason ``on_lost`` and ``lock_lost`` are given when an operator asks the holder
+#: to give its grant back (a graceful release): it is still held, until it is released
+#: or the operator's wait runs out.
+RELEASE_REQUESTED = "release requested by an operator"
 
 
 class Grant:
@@ -72,6 +77,7 @@ class Grant:
         self._believe_until = believe_from + ttl * (1 - BELIEF_MARGIN)
         self._lost_reason: str | None = None
         self._released = False
+        self._release_requested = False
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -96,28 +102,43 @@ class Grant:
 
         Asks the store (one round trip), so a forced release or a lease that
         another holder took over is seen at once, not only at the next renewal.
-        Raises ``NotHeld`` in a forked child (see ``refuse_in_a_forked_child``).
+        Raises ``ReleaseRequested`` (a ``LockLost``) while an operator asks for
+        the grant back (a graceful release): it is still held, for
+        ``seconds_left`` at most; release it. Raises ``NotHeld`` in a forked
+        child (see ``refuse_in_a_forked_child``).
         """
         self.refuse_in_a_forked_child()
         if self._released:
             raise LockLost(f"The grant of {self.name!r} was released.")
-        if self._lost_reason is None and time.monotonic() >= self._believe_until:
-            self.mark_lost("its lease ran out without a successful renewal")
+        asked = time.monotonic()
+        if self._lost_reason is None and asked >= self._believe_until:
+            self.mark_lost(self.ran_out_reason())
         elif self._lost_reason is None:
             try:
                 if not self.backend.is_held(self.name, self.token):
                     self.mark_lost("the store no longer has it (expired or released by force)")
+            except ReleaseRequested as request:
+                self.release_requested(asked, request)
             except LockLost as exc:
                 self.mark_lost(str(exc))
         if self._lost_reason is not None:
             raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
+        if self._release_requested:
+            left = max(0.0, self._believe_until - time.monotonic())
+            raise ReleaseRequested(
+                f"An operator asked for the grant of {self.name!r} back: it stays held for "
+                f"{left:.1f} s at most, unless released first. Release it.",
+                left,
+                self.expires_at,
+            )
 
     def refuse_in_a_forked_child(self) -> None:
         """Raise ``NotHeld`` in a process forked from the one that acquired the grant.
 
-        The grant, its session and its renewals belong to the parent (RELIABILITY.md
-        G10, item 17): a child that released or checked it through inherited
-        connections would end or disturb the parent's hold. No I/O.
+        The grant, its session and its renewals belong to the parent (dedicated
+        connections are never inherited across ``fork()``): a child that released
+        or checked it through inherited connections would end or disturb the
+        parent's hold. No I/O.
         """
         if self.pid != os.getpid():
             raise NotHeld(
@@ -135,14 +156,53 @@ class Grant:
         """
         self.spec._release_specific(self)
 
-    def renewed(self, renewal_started: float, expires_at: datetime | None) -> None:
-        """Record a successful renewal that was sent at ``renewal_started`` (monotonic)."""
+    def renewed(
+        self, renewal_started: float, expires_at: datetime | None, lasts: float | None = None
+    ) -> None:
+        """Record a successful renewal that was sent at ``renewal_started`` (monotonic).
+
+        ``lasts`` (seconds) is what the store said the lease has left when that
+        is less than the TTL (a graceful release's wait): the holder then
+        believes no longer than that, less the margin.
+        """
+        length = self.ttl if lasts is None else min(self.ttl, lasts)
         with self._guard:
-            self._believe_until = renewal_started + self.ttl * (1 - BELIEF_MARGIN)
+            self._believe_until = renewal_started + length * (1 - BELIEF_MARGIN)
             self.expires_at = expires_at
 
     def believe_until(self) -> float:
+        """The ``time.monotonic()`` moment the holder stops believing it holds the grant,
+        unless a renewal moves it: before its lease can end by the store's clock."""
         return self._believe_until
+
+    def release_requested(self, asked_at: float, request: ReleaseRequested) -> None:
+        """Note that an operator asks for the grant back, as the store said in answer to a
+        renewal or check sent at ``asked_at`` (monotonic); tell listeners once.
+
+        The holder believes no longer than the operator's wait
+        (``request.seconds_left``); ``on_lost`` and ``lock_lost`` get
+        ``RELEASE_REQUESTED`` as the reason.
+        """
+        self.renewed(asked_at, request.expires_at, request.seconds_left)
+        with self._guard:
+            if self._release_requested or self._lost_reason is not None or self._released:
+                return
+            self._release_requested = True
+        lost_log.warning(
+            "release of %s (fence %s) requested: %s s left",
+            self.name,
+            self.fence,
+            round(request.seconds_left, 3),
+        )
+        lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=RELEASE_REQUESTED)
+        if self._on_lost is not None:
+            self._on_lost(self, RELEASE_REQUESTED)
+
+    def ran_out_reason(self) -> str:
+        """Why the grant is lost once the holder's belief ran out without a renewal."""
+        if self._release_requested:
+            return "the wait an operator gave for its release ran out"
+        return "its lease ran out without a successful renewal"
 
     def mark_lost(self, reason: str, *, by_release: bool = False) -> None:
         """Note that the grant ended without release; tell listeners once.

@@ -3,7 +3,15 @@
 Each grant is renewed every third of its TTL: a lease is extended, a session
 lock is checked with the server (see ``LockBackend.renew``). A renewal that the store
 refuses marks the grant lost at once; a store that cannot be reached is tried
-again until the holder's belief runs out (G2), and then the grant is lost.
+again until the holder's belief runs out (never past the TTL), and then the
+grant is lost.
+
+Where the store can push (``LockBackend.watch``), a forced release or a
+graceful release's request makes the heartbeat renew that grant at once, so
+its holder hears of it within a round trip instead of up to TTL/3 later. The
+periodic renewal stays: a notice that never arrives delays nothing beyond it.
+A renewal that finds a graceful release requested (``ReleaseRequested``) keeps
+the grant renewed, but only until the operator's wait runs out.
 """
 
 from __future__ import annotations
@@ -14,8 +22,9 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 
-from djlocks.exceptions import BackendUnavailable, LockLost
+from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.grant import Grant
 
 renew_log = logging.getLogger("djlocks.renew")
@@ -32,67 +41,110 @@ class Heartbeat:
 
     def forget_the_parent(self) -> None:
         """Start empty: at first, and in a forked child, whose parent's grants are the
-        parent's to renew (RELIABILITY.md item 17) and whose parent's thread and
+        parent's to renew (a forked child never uses them) and whose parent's thread and
         lock states did not come along."""
         self._wake = threading.Condition()
         self._queue: list[tuple[float, int, Grant]] = []
-        self._active: set[Grant] = set()
+        # Each renewed grant -> the order of its one live entry in the queue; an entry
+        # with another order was superseded (renew_now) and is skipped.
+        self._entries: dict[Grant, int] = {}
+        self._unwatch: dict[Grant, Callable[[], None]] = {}
         self._thread: threading.Thread | None = None
 
     def add(self, grant: Grant) -> None:
+        """Renew ``grant`` every TTL/3 from now on, and at once when its store pushes news."""
+        unwatch = self._watch(grant)
         with self._wake:
-            self._active.add(grant)
-            due = time.monotonic() + grant.ttl / 3
-            heapq.heappush(self._queue, (due, next(self._order), grant))
+            if unwatch is not None:
+                self._unwatch[grant] = unwatch
+            self._schedule(grant, time.monotonic() + grant.ttl / 3)
             self._ensure_thread()
-            if self._queue[0][2] is grant:  # due before all others: the thread must re-plan
-                self._wake.notify()
+
+    def _watch(self, grant: Grant) -> Callable[[], None] | None:
+        """Have the store's news of ``grant`` renew it at once; ``None`` if it cannot push.
+
+        Never raises: a watch that fails leaves the periodic renewal, which suffices.
+        """
+        try:
+            return grant.backend.watch(
+                grant.name, grant.token, grant.fence, lambda: self.renew_now(grant)
+            )
+        except Exception:
+            renew_log.warning("cannot watch %s for revocations", grant.name, exc_info=True)
+            return None
+
+    def renew_now(self, grant: Grant) -> None:
+        """Renew ``grant`` at once (its store pushed news of it); nothing once it left."""
+        with self._wake:
+            if grant in self._entries:
+                self._schedule(grant, time.monotonic())
 
     def discard(self, grant: Grant) -> None:
-        with self._wake:
-            self._active.discard(grant)
+        """Stop renewing ``grant`` (its release has begun)."""
+        self._forget(grant)
 
     def active(self) -> int:
         """How many grants this process is renewing (tests check it drops to 0)."""
         with self._wake:
-            return len(self._active)
+            return len(self._entries)
+
+    def _schedule(self, grant: Grant, due: float) -> None:
+        """Plan ``grant``'s next renewal at ``due`` (monotonic); call with the guard held."""
+        order = next(self._order)
+        self._entries[grant] = order
+        heapq.heappush(self._queue, (due, order, grant))
+        if self._queue[0][1] == order:  # due before all others: the thread must re-plan
+            self._wake.notify()
+
+    def _forget(self, grant: Grant) -> None:
+        with self._wake:
+            self._entries.pop(grant, None)
+            unwatch = self._unwatch.pop(grant, None)
+        if unwatch is not None:
+            unwatch()
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
 
-    def _next_due(self) -> Grant:
+    def _next_due(self) -> tuple[Grant, int]:
+        """Wait for the next renewal that is due; return its grant and its entry's order."""
         with self._wake:
             while True:
-                while self._queue and self._queue[0][2] not in self._active:
+                while self._queue and self._entries.get(self._queue[0][2]) != self._queue[0][1]:
                     heapq.heappop(self._queue)
                 if self._queue:
                     delay = self._queue[0][0] - time.monotonic()
                     if delay <= 0:
-                        return heapq.heappop(self._queue)[2]
+                        _, order, grant = heapq.heappop(self._queue)
+                        return grant, order
                     self._wake.wait(delay)
                 else:
                     self._wake.wait()
 
     def _run(self) -> None:
         while True:
-            grant = self._next_due()
+            grant, order = self._next_due()
             next_due = self._renew(grant)
+            if next_due is None:
+                self._forget(grant)
+                continue
             with self._wake:
-                if next_due is not None and grant in self._active:
-                    heapq.heappush(self._queue, (next_due, next(self._order), grant))
-                else:
-                    self._active.discard(grant)
+                if self._entries.get(grant) == order:  # not re-planned, nor discarded, meanwhile
+                    self._schedule(grant, next_due)
 
     @staticmethod
     def _renew(grant: Grant) -> float | None:
+        """Renew ``grant`` once; return when to renew it next, or ``None`` once it is lost."""
         started = time.monotonic()
         if started >= grant.believe_until():
-            grant.mark_lost("its lease ran out before it could be renewed")
+            grant.mark_lost(grant.ran_out_reason())
             return None
         try:
             expires_at = grant.backend.renew(grant.name, grant.token, grant.ttl)
+        except ReleaseRequested as request:
+            grant.release_requested(started, request)
         except LockLost as exc:
             grant.mark_lost(str(exc))
             return None
@@ -102,8 +154,10 @@ class Heartbeat:
         except Exception:  # a renewal thread must never die with leases to keep alive
             renew_log.exception("renewal of %s failed unexpectedly; retrying", grant.name)
             return min(started + RETRY_AFTER_FAILURE, grant.believe_until())
-        grant.renewed(started, expires_at)
-        return started + grant.ttl / 3
+        else:
+            grant.renewed(started, expires_at)
+        # A graceful release's wait may end before the next renewal: be there when it does.
+        return min(started + grant.ttl / 3, grant.believe_until())
 
 
 heartbeat = Heartbeat()

@@ -8,6 +8,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from djlocks.arguments import MAX_LABEL_LENGTH, storable
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -25,10 +27,21 @@ class Identity:
 
 
 def current_identity(label: str | None) -> Identity:
-    """Describe the calling thread; the label defaults to the process's command line."""
+    """Describe the calling thread; the label defaults to the process's command line.
+
+    ``label`` must have passed ``validate_label``. The default label, the host and
+    the thread's name are gathered, not given: they are made storable (NUL and
+    bytes that were not UTF-8 become escapes) and cut to what the stores keep.
+    """
+    thread = storable(threading.current_thread().name, 80)
     return Identity(
-        host=socket.gethostname()[:255],
+        host=storable(socket.gethostname(), 255),
         pid=os.getpid(),
-        thread=f"{threading.current_thread().name[:80]} (tid {threading.get_native_id()})",
-        label=(label if label is not None else " ".join(sys.argv))[:255],
+        thread=f"{thread} (tid {threading.get_native_id()})",
+        label=label if label is not None else default_label(" ".join(sys.argv)),
     )
+
+
+def default_label(command_line: str) -> str:
+    """The label of a holder that gave none: its command line, storable and cut to 255."""
+    return storable(command_line, MAX_LABEL_LENGTH)

@@ -1,22 +1,26 @@
 """What the stores say about names: holders, waiters and cool-downs across backends.
 
 Shared by ``manage.py djlocks list|show|release`` (and, later, the admin), so
-that every view of the truth asks the stores the same way (G13).
+that every view of the truth asks the stores the same way (the admin tells the
+truth: holders and waiters come from the stores' own state).
 """
 
 from __future__ import annotations
 
 import getpass
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from djlocks.backends import backends
-from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
+from djlocks.backends.base import CooldownInfo, HolderInfo, LockBackend, WaiterInfo
 from djlocks.events import Kind, events
 from djlocks.exceptions import BackendUnavailable
 
 force_release_log = logging.getLogger("djlocks.force_release")
+#: Seconds a graceful release gives the holders unless the operator says otherwise.
+GRACEFUL_WAIT = 30.0
 
 
 @dataclass
@@ -73,31 +77,118 @@ def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
 
 
 def force_release(
-    holders: list[HolderInfo], *, reason: str = "", operator: str | None = None
+    holders: list[HolderInfo],
+    *,
+    reason: str = "",
+    operator: str | None = None,
+    on_released: Callable[[HolderInfo], None] | None = None,
 ) -> list[HolderInfo]:
     """Take each grant away by its owner token; return those that were still live.
 
     A grant that ended meanwhile is left alone, and so is whoever holds the
-    slot now: release is by token, never by name (G7, G13). The holder learns
-    ``LockLost`` at its next check, renewal or release. Each release is
-    logged on ``djlocks.force_release`` and recorded as a ``forced_release``
-    event with ``operator`` (default: the operating-system user) and ``reason``.
+    slot now: release is by token, never by name, so a forced release fences the
+    old holder and only that one. The holder hears of it at once where the
+    store can push (``LockBackend.watch``: the lease backend on PostgreSQL,
+    Redis, session locks), else at its next renewal or check: ``on_lost`` is
+    called, and
+    ``check()`` and ``release()`` raise ``LockLost``.
+
+    Each grant is audited as soon as its store took it away, before the next
+    one is tried: logged on ``djlocks.force_release``, recorded as a
+    ``forced_release`` event with ``operator`` (default: the operating-system
+    user) and ``reason`` where the backend records history
+    (``records_history``), and passed to ``on_released`` (the admin writes its
+    ``LogEntry`` there). A store that fails raises ``BackendUnavailable`` and
+    the grants after it are not tried; every grant taken away before it has
+    its audit already.
     """
-    operator = operator or getpass.getuser()
-    released = []
+    return _take_back(
+        holders,
+        lambda store, holder: store.force_release(holder.name, holder.token),
+        Kind.FORCED_RELEASE,
+        operator=operator or getpass.getuser(),
+        reason=reason,
+        on_done=on_released,
+    )
+
+
+def request_release(
+    holders: list[HolderInfo],
+    *,
+    wait: float,
+    reason: str = "",
+    operator: str | None = None,
+    on_requested: Callable[[HolderInfo], None] | None = None,
+) -> list[HolderInfo]:
+    """Ask each holder to give its grant back (a graceful release); return those still live.
+
+    Each grant stays held until its holder releases it, or until ``wait``
+    seconds (more than 0) have passed, whichever comes first
+    (``LockBackend.request_release``): the next waiter never starts while the
+    old holder winds down. The holder hears of it at once where the store can
+    push, else at its next renewal: ``on_lost`` and ``lock_lost`` get
+    ``djlocks.grant.RELEASE_REQUESTED``, ``check()`` raises
+    ``ReleaseRequested``, and a ``runlocked`` holder stops its command.
+
+    Audited as ``force_release`` is, as a ``release_requested`` event, each
+    grant passed to ``on_requested``. Raises ``ValueError`` for a bad ``wait``
+    or a backend that cannot do this (``releases_gracefully``), before any
+    grant is asked; ``BackendUnavailable`` as ``force_release`` does.
+    """
+    if not 0 < wait < float("inf"):
+        raise ValueError(f"The wait for a graceful release must be more than 0 s, not {wait}.")
+    refused = sorted({h.backend for h in holders if not backends[h.backend].releases_gracefully})
+    if refused:
+        raise ValueError(
+            f"Backend {', '.join(map(repr, refused))} cannot ask a holder to give its grant "
+            f"back; release it by force instead (the holder learns LockLost)."
+        )
+    return _take_back(
+        holders,
+        lambda store, holder: store.request_release(holder.name, holder.token, wait),
+        Kind.RELEASE_REQUESTED,
+        operator=operator or getpass.getuser(),
+        reason=reason,
+        on_done=on_requested,
+    )
+
+
+def _take_back(
+    holders: list[HolderInfo],
+    act: Callable[[LockBackend, HolderInfo], int],
+    kind: Kind,
+    *,
+    operator: str,
+    reason: str,
+    on_done: Callable[[HolderInfo], None] | None,
+) -> list[HolderInfo]:
+    """``act`` on each grant in its store, auditing each one it changed (see ``force_release``)."""
+    done = []
     for holder in holders:
-        if backends[holder.backend].force_release(holder.name, holder.token):
-            released.append(holder)
-            force_release_log.warning(
-                "forced release of %s slot %s (fence %s, held by %s pid %s, %s) by %s: %s",
-                holder.name,
-                holder.slot,
-                holder.fence,
-                holder.host,
-                holder.pid,
-                holder.label,
-                operator,
-                reason or "no reason given",
-            )
-    events.holders_ended(released, Kind.FORCED_RELEASE, operator=operator, reason=reason)
-    return released
+        store = backends[holder.backend]
+        if not act(store, holder):
+            continue
+        done.append(holder)
+        _audit(holder, store, kind, operator, reason)
+        if on_done is not None:
+            on_done(holder)
+    return done
+
+
+def _audit(holder: HolderInfo, store: LockBackend, kind: Kind, operator: str, reason: str) -> None:
+    """The log line and (where the store records history) the event of one forced release
+    or graceful release's request (``kind``)."""
+    force_release_log.warning(
+        "%s of %s slot %s (fence %s, held by %s pid %s, %s) by %s: %s",
+        kind.label,
+        holder.name,
+        holder.slot,
+        holder.fence,
+        holder.host,
+        holder.pid,
+        holder.label,
+        operator,
+        reason or "no reason given",
+    )
+    if store.records_history:
+        events.holders_ended([holder], kind, operator=operator, reason=reason)

@@ -1,29 +1,63 @@
-"""Names in, keys out: how each store identifies a name.
+"""Names in, keys out: how each store identifies a name, and why two never meet.
 
-* lease and row tables: ``key`` = SHA-256 of the UTF-8 name, 64 hex digits.
-  Database collations may fold case or accents (MySQL's default does); a hex
-  digest compares byte for byte everywhere, so ``"A"`` and ``"a"`` stay apart.
-* MySQL/MariaDB ``GET_LOCK``: lock names are at most 64 characters and compared
-  without regard to case. A name of at most 50 characters drawn from
-  ``a-z 0-9 . _ : / -`` (no capitals, so case cannot matter) becomes
-  ``djlocks:<name>``; any other name becomes ``djlocks#`` and the first 40 hex
-  digits of its SHA-256. A semaphore's slot ``i`` appends ``/i``, and its
-  waiters' gate appends ``/gate``.
-* PostgreSQL advisory locks: the one-``bigint`` form, the first 8 bytes of the
-  SHA-256 of the ``subject`` (below) read as a signed big-endian integer.
-* Redis: every key of a name starts ``<prefix>:{<name>}:`` (the braces are a
-  Redis Cluster hash tag: one name, one cluster slot). A name that contains a
-  brace would break the tag and uses ``{#<SHA-256>}`` instead. The name's
-  meta hash ends ``m``; slot ``i``'s lease ``s:i``, its cool-down ``c:i``; the
-  queue ``q`` and each waiter's record ``w:<id>``.
+Every key function here is injective: distinct names (and distinct slots of
+one name) get distinct keys, so two locks never share a store entry. Where a
+form is readable, the proof is that the key can be read back; where it is a
+hash, the chance of a collision is the hash's, bounded below.
 
-A readable name never ends in ``/<digits>`` or ``/gate`` (such names are
-hashed), so a lock called ``"x/0"`` never shares a key with slot 0 of ``"x"``.
-The PostgreSQL ``subject`` is ``<length of name>:<name>`` plus the same
-suffix, unambiguous for the same reason.
+A *slot* is a semaphore's slot number (an ``int`` from 0 to 99,999,999) or a
+*gate word* (``"gate"``, ``"row-gate"``: a lower-case letter, then up to 7
+lower-case letters or ``-``). Written as text (``_slot_text``), distinct
+slots stay distinct: a number is its decimal digits without leading zeros, a
+word starts with a letter, and a digit is not a letter. Anything else raises
+``ValueError``.
 
-``manage.py djlocks key NAME --backend ALIAS`` prints these keys, so that a
-shell script using the ``mysql`` or ``psql`` client excludes djlocks holders.
+* Lease and row tables, ``table_key(name)``: the SHA-256 of the UTF-8 name, 64
+  lower-case hex digits (the slot is a column of its own). UTF-8 is injective,
+  so two names share a key only if SHA-256 collides (none is known; finding one
+  takes about 2**128 hashes). Database collations may fold case or accents
+  (MySQL's default does); hex digits compare byte for byte everywhere.
+* MySQL/MariaDB ``GET_LOCK``, ``mysql_key(name, slot)``: lock names are at most
+  64 characters and compared without regard to case. The key is ``djlocks``,
+  a tag, a body, and ``/<slot>`` for a slot or a gate:
+
+  - tag ``:``, body the name itself, for a *readable* name: 1 to 47 characters
+    from ``a-z 0-9 . _ : -`` (no capitals, no ``/``);
+  - tag ``#``, body the first 40 hex digits of the name's SHA-256, for every
+    other name.
+
+  The tag says which form follows; neither body holds a ``/``, so the first
+  ``/`` ends the body and the slot text follows it. So the key reads back as
+  (form, body, slot): readable names are their own bodies, a readable key never
+  equals a hashed one (``#`` is not readable), and two hashed names share a key
+  only if the first 160 bits of their SHA-256 match (about n**2 / 2**161 for n
+  hashed names: nil in practice). A lock called ``"x/0"`` is hashed and never
+  meets slot 0 of ``"x"``. Length: at most 8 + 47 + 9 (``/row-gate``) = 64.
+  Every character is one of ``a-z 0-9 . _ : / - #``, in which no two distinct
+  strings compare equal under any collation: case cannot matter.
+* PostgreSQL advisory locks, ``advisory_key(name, slot)``: the one-``bigint``
+  form, the first 8 bytes of the SHA-256 of ``<length of name>:<name>`` plus
+  ``/<slot>``, read as a signed big-endian integer. That subject is injective
+  (the length says where the name ends), but the key keeps only 64 bits: among
+  n keys in use at once, two coincide with a probability of about n**2 / 2**65
+  (the birthday bound: 1 in 37 million for a million keys, 1 in 370 billion
+  for ten thousand). Such a coincidence makes two names wait for each other;
+  it never lets two holders share one name. Other software that takes
+  one-``bigint`` advisory locks in the same database shares this key space.
+* Redis, ``redis_key(prefix, name, part)``: ``<prefix>:{<escaped name>}:<part>``.
+  The name is escaped by writing ``%`` as ``%25``, ``{`` as ``%7B`` and ``}``
+  as ``%7D`` (every other character as itself), so no hash is needed: each
+  ``%`` of the escaped name starts one of the three escapes, which read back
+  to the name. The prefix holds no brace (the backend checks it), nor does the
+  escaped name, so the first ``{`` and the next ``}`` cut the key into prefix,
+  name and part. The braces are a Redis Cluster hash tag: one name, one
+  cluster slot. The parts (written by the Lua scripts too): ``m`` the name's
+  meta hash, ``q`` its queue, ``s:<i>`` slot i's lease, ``c:<i>`` its
+  cool-down, ``w:<id>`` a waiter's record.
+
+``manage.py djlocks key NAME --backend ALIAS`` prints the session backends'
+keys, so that a shell script using the ``mysql`` or ``psql`` client excludes
+djlocks holders.
 """
 
 from __future__ import annotations
@@ -31,34 +65,75 @@ from __future__ import annotations
 import hashlib
 import re
 
-_READABLE = re.compile(r"[a-z0-9._:/-]{1,50}")
-_SLOT_LIKE_END = re.compile(r"/(?:\d+|gate)$")
 GATE = "gate"
+#: GET_LOCK's limit on a lock name, in characters.
+MYSQL_KEY_LENGTH = 64
+_MYSQL_READABLE = "djlocks:"
+_MYSQL_HASHED = "djlocks#"
+_MYSQL_HASH_DIGITS = 40
+#: The longest slot text: 8 digits, or a gate word of 8 characters.
+_SLOT_TEXT_LENGTH = 8
+_SLOT_NUMBERS = 10**_SLOT_TEXT_LENGTH
+_GATE_WORD = re.compile(rf"[a-z][a-z-]{{0,{_SLOT_TEXT_LENGTH - 1}}}")
+#: A readable name leaves room for the tag and the longest ``/<slot>``.
+_READABLE_LENGTH = MYSQL_KEY_LENGTH - len(_MYSQL_READABLE) - 1 - _SLOT_TEXT_LENGTH
+_READABLE = re.compile(rf"[a-z0-9._:-]{{1,{_READABLE_LENGTH}}}")
+_REDIS_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 
 
-def table_key(name: str) -> str:
-    """Return the 64-hex-digit SHA-256 key that lease rows are stored under."""
+def _sha256(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()
 
 
-def redis_meta_key(prefix: str, name: str) -> str:
-    """The Redis key of a name's meta hash (limit, last fence, the name itself)."""
-    tag = f"#{hashlib.sha256(name.encode()).hexdigest()}" if "{" in name or "}" in name else name
-    return f"{prefix}:{{{tag}}}:m"
+def _slot_text(slot: int | str) -> str:
+    """``slot`` as text: a number's decimal digits, or a gate word as it is.
+
+    Raises ``ValueError`` for a number outside 0..99,999,999, a ``bool``, or a
+    string that is not a gate word.
+    """
+    if isinstance(slot, int) and not isinstance(slot, bool) and 0 <= slot < _SLOT_NUMBERS:
+        return str(slot)
+    if isinstance(slot, str) and _GATE_WORD.fullmatch(slot):
+        return slot
+    raise ValueError(
+        f"A slot is a number from 0 to {_SLOT_NUMBERS - 1} or a gate word such as "
+        f"{GATE!r}, not {slot!r}."
+    )
 
 
 def _suffix(slot: int | str | None) -> str:
-    return "" if slot is None else f"/{slot}"
+    """``""`` for the name itself, ``/<slot text>`` for a slot or a gate."""
+    return "" if slot is None else "/" + _slot_text(slot)
+
+
+def table_key(name: str) -> str:
+    """The 64-hex-digit SHA-256 (``str``) that rows of ``name`` are stored under."""
+    return _sha256(name)
 
 
 def mysql_key(name: str, slot: int | str | None = None) -> str:
-    """The ``GET_LOCK`` name of a lock (``slot=None``), a slot, or a semaphore's gate."""
-    if _READABLE.fullmatch(name) and not _SLOT_LIKE_END.search(name):
-        return f"djlocks:{name}{_suffix(slot)}"
-    return f"djlocks#{hashlib.sha256(name.encode()).hexdigest()[:40]}{_suffix(slot)}"
+    """The ``GET_LOCK`` name (``str``, at most 64 characters, no capitals) of a lock
+    (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""
+    if _READABLE.fullmatch(name):
+        body = _MYSQL_READABLE + name
+    else:
+        body = _MYSQL_HASHED + _sha256(name)[:_MYSQL_HASH_DIGITS]
+    return body + _suffix(slot)
 
 
 def advisory_key(name: str, slot: int | str | None = None) -> int:
-    """The ``pg_advisory_lock(bigint)`` key of a lock, a slot, or a semaphore's gate."""
+    """The ``pg_advisory_lock(bigint)`` key (a signed 64-bit ``int``) of a lock
+    (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""
     subject = f"{len(name)}:{name}{_suffix(slot)}"
     return int.from_bytes(hashlib.sha256(subject.encode()).digest()[:8], "big", signed=True)
+
+
+def redis_key(prefix: str, name: str, part: str) -> str:
+    """The Redis key (``str``) of ``part`` (``"m"``, ``"q"``, ``"s:0"`` ...) of ``name``
+    under ``prefix`` (letters, digits and ``_.-:``, as the backend checks)."""
+    return f"{prefix}:{{{name.translate(_REDIS_ESCAPES)}}}:{part}"
+
+
+def redis_meta_key(prefix: str, name: str) -> str:
+    """The Redis key (``str``) of a name's meta hash (limit, last fence, the name itself)."""
+    return redis_key(prefix, name, "m")

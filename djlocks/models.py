@@ -17,7 +17,8 @@ class LeaseSlot(models.Model):
     A slot is held while ``token`` is set and ``expires_at`` lies in the future
     by the database's clock. Rows are created on first use and kept: ``fence``
     remembers the last fence issued on the slot, ``cooldown_until`` when the
-    slot may be granted again after a release.
+    slot may be granted again after a release, ``release_by`` when a graceful
+    release's wait ends.
     """
 
     key = models.CharField(
@@ -31,6 +32,12 @@ class LeaseSlot(models.Model):
     acquired_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     cooldown_until = models.DateTimeField(null=True, blank=True)
+    release_by = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="An operator asked the holder for the grant back (a graceful release): "
+        "the lease ends by then at the latest, and renewals stop there.",
+    )
     host = models.CharField(max_length=255, blank=True, default="")
     pid = models.IntegerField(null=True, blank=True)
     thread = models.CharField(max_length=100, blank=True, default="")

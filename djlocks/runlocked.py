@@ -1,4 +1,8 @@
-"""Run a command while holding a lock or a semaphore slot (scenarios S1, S2, S4, S8).
+"""Run a command while holding a lock or a semaphore slot.
+
+For cron jobs that must never run twice at once (or more than N at once), that
+must not run again within a cool-down, and that must pass signals on to their
+child and clean up.
 
 The supervisor's main thread sleeps in one ``select()`` on a self-pipe, and
 everything that can happen wakes it there: a signal (through
@@ -7,7 +11,11 @@ thread, the heartbeat reporting the grant lost. Nothing is polled.
 
 The command runs in its own process group, so forwarded signals and a lost
 grant's SIGTERM/SIGKILL reach everything it started (a ``sh -c`` pipeline
-too). On Linux it also gets SIGKILL as a parent-death signal
+too). A grant that is lost, or that an operator asks back (a graceful
+release), gets the command SIGTERM, then SIGKILL ``--kill-after`` seconds
+later or when the holder's belief in the lease runs out, whichever is first:
+the command never outlives its lease, not even when renewals fail because the
+store stopped answering. On Linux it also gets SIGKILL as a parent-death signal
 (``prctl(PR_SET_PDEATHSIG)``): if runlocked itself is SIGKILLed, the lease is
 no longer renewed and the command must not keep running unsupervised.
 """
@@ -30,12 +38,14 @@ from typing import Any, TextIO
 
 from django.db import connections
 
+from djlocks.arguments import printable
 from djlocks.backends.base import Abort
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.core import Lock, Semaphore
 from djlocks.exceptions import BackendUnavailable, LockLost
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
+from djlocks.identity import default_label
 
 #: Exit status when the lock was not acquired (EX_TEMPFAIL); ``--conflict-exit-code`` changes it.
 EXIT_CONFLICT = 75
@@ -45,9 +55,9 @@ EXIT_LOST = 76
 EXIT_UNAVAILABLE = 69
 #: Exit status when the command could not be started (as a shell reports it).
 EXIT_NOT_FOUND = 127
-#: Signals passed on to the command's process group.
 #: Seconds of waiting after which runlocked, on a terminal, says who holds the name.
 WAITING_NOTICE_AFTER = 0.2
+#: Signals passed on to the command's process group.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 PR_SET_PDEATHSIG = 1
@@ -72,6 +82,12 @@ class RunLockedPlan:
     def __post_init__(self) -> None:
         if not self.command:
             raise ValueError("Give the command to run after --, e.g. runlocked NAME -- true.")
+        for position, argument in enumerate(self.command):
+            if "\x00" in argument:
+                raise ValueError(
+                    f"Argument {position} of the command, {argument!r}, contains "
+                    f"NUL (\\x00), which no program can be given. Remove it."
+                )
         if not 0 <= self.kill_after < float("inf"):
             raise ValueError(f"--kill-after must be 0 or more seconds, not {self.kill_after}.")
         if not 0 <= self.conflict_exit_code <= 255:
@@ -82,12 +98,15 @@ class RunLockedPlan:
 
     def spec(self, on_lost: Callable[[Grant, str], None]) -> Lock:
         """Build (and so validate) the lock; renewal starts only once the command runs."""
+        label = self.label
+        if label is None:  # the command line, made storable: it may hold any bytes
+            label = default_label(shlex.join(self.command))
         options: dict[str, Any] = {
             "timeout": self.timeout,
             "ttl": self.ttl,
             "cooldown": self.cooldown,
             "backend": self.backend,
-            "label": self.label if self.label is not None else shlex.join(self.command),
+            "label": label,
             "renew": False,
             "on_lost": on_lost,
         }
@@ -234,7 +253,9 @@ class Supervisor:
     # -- acquire -------------------------------------------------------------
 
     def _acquire(self) -> Grant | None:
-        """Acquire in the grant's own thread, so that a signal can abort the wait cleanly (G6)."""
+        """Acquire in the grant's own thread, so that a signal can abort the wait cleanly.
+
+        An aborted wait leaves nothing behind: no grant, waiter record or renewal."""
         abort = Abort()
         self._owner = _GrantOwner(self.spec, abort, self._wakeup.poke)
         self._owner.start()
@@ -279,13 +300,13 @@ class Supervisor:
                 preexec_fn=_dies_with_parent(os.getpid()),
             )
         except OSError as exc:
-            self._say(f"cannot run {shlex.join(self.plan.command)}: {exc}")
+            self._say(f"cannot run {printable(shlex.join(self.plan.command))}: {exc}")
             self._release(grant)
             return EXIT_NOT_FOUND
         if self._pending_signal is not None:  # arrived while the command was being started
             self._signal_group(self._pending_signal)
         heartbeat.add(grant)
-        status = self._wait_for_command()
+        status = self._wait_for_command(grant)
         self._release(grant)
         if self._lost is not None:
             self._say(f"lost {self._what()} while the command ran: {self._lost}")
@@ -294,22 +315,60 @@ class Supervisor:
             self._say(f"released {self._what()}; the command exited with status {status}")
         return status
 
-    def _wait_for_command(self) -> int:
-        """Wait for the command; if the grant is lost, SIGTERM its group, then SIGKILL."""
+    def _wait_for_command(self, grant: Grant) -> int:
+        """Wait for the command; if the grant is lost (or asked back), SIGTERM its group,
+        then SIGKILL ``--kill-after`` seconds later, or when the holder's belief in the
+        lease runs out (``grant.believe_until()``), whichever comes first: the command
+        never runs past the moment its lease could end.
+
+        The belief's end is watched here too, not only by the heartbeat, whose
+        renewal may hang on a store that stopped answering.
+        """
         assert self._child is not None
-        kill_at: float | None = None
-        terminated = False
+        terminated_at: float | None = None
+        killed = False
         while (returncode := self._child.poll()) is None:
-            self._wakeup.sleep(None if kill_at is None else max(0.0, kill_at - time.monotonic()))
-            if self._lost is not None and not terminated:
+            self._wakeup.sleep(self._next_deadline(grant, terminated_at, killed))
+            now = time.monotonic()
+            if self._lost is None and now >= grant.believe_until():
+                self._lost = grant.ran_out_reason()
+            if self._lost is not None and terminated_at is None:
                 self._say(f"lost {self._what()} ({self._lost}): terminating the command")
                 self._signal_group(signal.SIGTERM)
-                terminated, kill_at = True, time.monotonic() + self.plan.kill_after
-            elif kill_at is not None and time.monotonic() >= kill_at:
-                self._say(f"the command outlived SIGTERM by {self.plan.kill_after} s: SIGKILL")
-                self._signal_group(signal.SIGKILL)
-                kill_at = None
+                terminated_at = now
+            if terminated_at is not None and not killed:
+                killed = self._kill_if_due(grant, terminated_at, now)
         return returncode if returncode >= 0 else 128 - returncode
+
+    def _next_deadline(
+        self, grant: Grant, terminated_at: float | None, killed: bool
+    ) -> float | None:
+        """Seconds until the supervisor must act unasked, or ``None`` (only a wake-up)."""
+        if killed:
+            return None
+        due = (
+            grant.believe_until() if terminated_at is None else self._kill_at(grant, terminated_at)
+        )
+        return max(0.0, due - time.monotonic())
+
+    def _kill_at(self, grant: Grant, terminated_at: float) -> float:
+        """When a command SIGTERMed at ``terminated_at`` gets SIGKILL (monotonic)."""
+        return min(terminated_at + self.plan.kill_after, grant.believe_until())
+
+    def _kill_if_due(self, grant: Grant, terminated_at: float, now: float) -> bool:
+        """SIGKILL the command's group if its time came; True if it did."""
+        if now < self._kill_at(grant, terminated_at):
+            return False
+        outlived = now - terminated_at
+        if terminated_at + self.plan.kill_after <= grant.believe_until():
+            self._say(f"the command outlived SIGTERM by {self.plan.kill_after} s: SIGKILL")
+        else:
+            self._say(
+                f"the command outlived SIGTERM by {outlived:.1f} s and its lease may end now "
+                f"(--kill-after {self.plan.kill_after} s never runs past the lease): SIGKILL"
+            )
+        self._signal_group(signal.SIGKILL)
+        return True
 
     def _release(self, grant: Grant) -> None:
         assert self._owner is not None
@@ -332,7 +391,8 @@ class Supervisor:
         if not holders:
             return "nobody (it is in a cool-down or others wait ahead)"
         return "; ".join(
-            f"{h.host} pid {h.pid} since {h.since:%Y-%m-%d %H:%M:%S} ({h.label})" for h in holders
+            printable(f"{h.host} pid {h.pid} since {h.since:%Y-%m-%d %H:%M:%S} ({h.label})")
+            for h in holders
         )
 
     def _chatty(self) -> bool:

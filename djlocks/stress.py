@@ -1,4 +1,4 @@
-"""The strength test (scenario S9), shared by ``manage.py djlocks stress`` and the tests.
+"""The strength test, shared by ``manage.py djlocks stress`` and the tests.
 
 K worker processes (started with ``spawn``, each calling ``django.setup()``)
 loop M times: acquire, read a counter from a file outside the lock store,

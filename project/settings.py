@@ -4,11 +4,17 @@
 or ``mysql``; the loopback servers are the defaults and ``DJLOCKS_DB_HOST``,
 ``DJLOCKS_DB_PORT``, ``DJLOCKS_DB_USER``, ``DJLOCKS_DB_PASSWORD``,
 ``DJLOCKS_DB_NAME`` override them. ``DJLOCKS_SQLITE_PATH`` moves the SQLite file.
+
+Safe by default on a laptop: ``DEBUG`` only with ``DJANGO_DEBUG=1``; the secret
+key is ``DJANGO_SECRET_KEY``, else a random one made once per checkout in
+``var/secret_key``; Redis (the ``redis`` cache and lock backend) only with
+``REDIS_URL`` set (``make test`` sets it). ``DJLOCKS_VAR_DIR`` moves ``var/``.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,26 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("DJLOCKS_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "djlocks-demo-not-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+
+def _secret_key(path: Path) -> str:
+    """The secret key kept in ``path`` (made there, readable by its owner only, by the
+    first process that needs it; a process that loses the race reads the winner's)."""
+    if not path.exists():
+        draft = path.with_name(f".{path.name}.{os.getpid()}")
+        descriptor = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(draft, path)  # atomic, and never replaces a key already made
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return path.read_text().strip()
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _secret_key(VAR_DIR / "secret_key")
+DEBUG = os.environ.get("DJANGO_DEBUG") == "1"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 
 INSTALLED_APPS = [
@@ -38,6 +62,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "project.urls"
@@ -98,11 +123,10 @@ else:
 
 DATABASES = {"default": database}
 
-# The Redis that the `redis` lock backend uses, through django-redis.
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-CACHES = {
+# The Redis that the `redis` lock backend uses, through django-redis: none unless set.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+CACHES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "redis": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL},
 }
 
 DJLOCKS: dict[str, Any] = {
@@ -116,14 +140,16 @@ DJLOCKS: dict[str, Any] = {
             "BACKEND": "djlocks.backends.row.RowLockBackend",
             "OPTIONS": {"using": "default"},
         },
-        # Leases in Redis, on the django-redis cache above.
-        "redis": {
-            "BACKEND": "djlocks.backends.redis.RedisBackend",
-            "OPTIONS": {"cache": "redis"},
-        },
     },
     "TTL": 60,
 }
+if REDIS_URL:
+    # Leases in Redis, on a django-redis cache.
+    CACHES["redis"] = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL}
+    DJLOCKS["BACKENDS"]["redis"] = {
+        "BACKEND": "djlocks.backends.redis.RedisBackend",
+        "OPTIONS": {"cache": "redis"},
+    }
 if DB_VENDOR == "sqlite":
     # The row alias on SQLite is deliberate here: the tests of its write-lock form.
     SILENCED_SYSTEM_CHECKS = ["djlocks.W002"]

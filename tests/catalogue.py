@@ -1,6 +1,8 @@
-"""RELIABILITY.md's fault catalogue as data, and the results page built from a run.
+"""The fault catalogue as data, and the results page built from a run.
 
-A test joins the catalogue with ``@pytest.mark.catalogue(ITEM, ..., backend=ALIAS)``
+Each item of the catalogue is a fault or a race that every backend it applies
+to must survive, keyed by a short stable slug (``"holder-killed"``). A test
+joins the catalogue with ``@pytest.mark.catalogue("holder-killed", ..., backend=ALIAS)``
 (or a ``backend`` parameter); ``tests/conftest.py`` records each marked test's
 outcome per catalogue item and backend, and the bounds tests measure with the
 ``bounds`` fixture, into ``$DJLOCKS_CATALOGUE_DIR/<database>.json``.
@@ -23,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: The backends of RELIABILITY.md, by its letters, with where each one runs.
+#: The results columns: a kind of backend by its letter (L lease, M MySQL's
+#: GET_LOCK, P PostgreSQL's advisory locks, R row, D Redis) and, for those that
+#: run on more than one database, the database it runs on.
 COLUMNS = {
     "L:sqlite": "lease, SQLite",
     "L:postgresql": "lease, PostgreSQL",
@@ -40,86 +44,101 @@ COLUMNS = {
 @dataclass(frozen=True)
 class Item:
     title: str
-    letters: str  # the backends it applies to (RELIABILITY.md's letters)
+    letters: str  # the kinds of backend it applies to (the letters of COLUMNS)
     elsewhere: str = ""  # why it does not apply to the others
 
 
+#: The catalogue, in the order of the results page: slug -> item.
 ITEMS = {
-    1: Item("Exact counter under contention", "LMPRD"),
-    2: Item(
-        "Semaphore never exceeds N and reaches N",
+    "exact-counter": Item("Exact counter under contention", "LMPRD"),
+    "semaphore-limit": Item(
+        "Semaphore never exceeds its limit and reaches it",
         "LMPRD",
         "the row backend on SQLite has one write lock: semaphores are refused",
     ),
-    3: Item("Try-lock burst: exactly one winner", "LMPRD"),
-    4: Item("Waiters progress one at a time, FIFO where promised", "LMPRD"),
-    5: Item("SIGKILL of the holder frees the name within G4", "LMPRD"),
-    6: Item(
+    "try-lock-burst": Item("Try-lock burst: exactly one winner", "LMPRD"),
+    "waiters-in-turn": Item("Waiters progress one at a time, FIFO where promised", "LMPRD"),
+    "holder-killed": Item(
+        "A SIGKILLed holder frees the name within the crash-release bound", "LMPRD"
+    ),
+    "paused-session-holder": Item(
         "Paused session holder, then server-side kill",
         "MP",
-        "a paused lease holder is item 7; a row lock ends with its transaction",
+        "a paused lease holder is fenced instead (`paused-lease-holder`); a row lock ends "
+        "with its transaction",
     ),
-    7: Item(
+    "paused-lease-holder": Item(
         "Paused lease holder is fenced",
         "LD",
-        "a session or row lock does not expire while its holder is paused (item 6)",
+        "a session or row lock does not expire while its holder is paused "
+        "(`paused-session-holder`)",
     ),
-    8: Item(
+    "late-acquire-reply": Item(
         "Acquire reply delayed past the TTL is not believed",
         "LD",
         "session and row grants have no TTL to outlive",
     ),
-    9: Item("Acquire reply lost after the store applied it", "LMPRD"),
-    10: Item("Release reply lost: the retried release is idempotent", "LMPRD"),
-    11: Item("Cancelled acquires leave nothing", "LMPRD"),
-    12: Item(
+    "lost-acquire-reply": Item("Acquire reply lost after the store applied it", "LMPRD"),
+    "lost-release-reply": Item("Release reply lost: the retried release is idempotent", "LMPRD"),
+    "cancelled-acquires": Item("Cancelled acquires leave nothing", "LMPRD"),
+    "lost-wake-up": Item(
         "Lost wake-up: the waiter acquires within the poll bound",
         "LD",
         "waiters block in the server, which grants them itself",
     ),
-    13: Item(
+    "client-timeout": Item(
         "Client time-out while the server still waits",
         "MP",
         "a lease waiter's time-out is its own; a row waiter's ends its statement",
     ),
-    14: Item(
+    "django-closes-connections": Item(
         "Django closing connections never leaves a false holder",
         "MP",
         "only session locks live on a connection that Django could close",
     ),
-    15: Item(
+    "server-idle-timeout": Item(
         "Server idle time-out of the lock session is noticed",
         "MP",
         "only session locks live as long as an idle session",
     ),
-    16: Item(
+    "transaction-pooler": Item(
         "PgBouncer transaction pooling is refused",
         "P",
         "leases and row locks work through any pooler; GET_LOCK is MySQL's",
     ),
-    17: Item(
+    "forked-child": Item(
         "fork(): a child never uses the parent's session",
         "MPD",
         "a lease has no session to inherit (djlocks reopens its connections after a "
         "fork); a row lock lives in the caller's own transaction",
     ),
-    18: Item("Two handles in one process exclude each other", "LMPRD"),
-    19: Item("The lock covers the commit", "LMPRD"),
-    20: Item(
+    "two-handles": Item("Two handles in one process exclude each other", "LMPRD"),
+    "lock-covers-commit": Item("The lock covers the commit", "LMPRD"),
+    "deadlock-victim": Item(
         "Deadlock between two names: a typed error for the victim",
         "MPR",
         "lease and Redis waits are polls and wake-ups, which cannot deadlock in the store",
     ),
-    21: Item(
+    "renewal": Item(
         "Renewal under latency and after expiry",
         "LD",
         "session and row grants are not renewed: they live as long as the session",
     ),
-    22: Item("Redis clock jump and restart", "D", "only Redis keeps grants in memory"),
-    23: Item("Forced release", "LMPRD"),
-    24: Item("runlocked supervision", "LMPRD"),
-    25: Item("The admin matches the store", "LMPRD"),
-    26: Item("SQLite with several processes", "L", "only the lease backend runs on SQLite"),
+    "redis-clock-and-restart": Item(
+        "Redis clock jump and restart", "D", "only Redis keeps grants in memory"
+    ),
+    "forced-release": Item("Forced release", "LMPRD"),
+    "revocation-reaches-holder": Item(
+        "A forced release reaches the holder at once where the store pushes, else within a "
+        "heartbeat",
+        "LMPD",
+        "a row lock's holder hears of it at its commit (`forced-release`)",
+    ),
+    "runlocked-supervision": Item("runlocked supervision", "LMPRD"),
+    "admin-matches-store": Item("The admin matches the store", "LMPRD"),
+    "sqlite-processes": Item(
+        "SQLite with several processes", "L", "only the lease backend runs on SQLite"
+    ),
 }
 
 
@@ -129,22 +148,28 @@ def column(letter: str, vendor: str) -> str:
 
 
 #: What the row backend on SQLite (SQLite's one write lock) can be tested for.
-ROW_ON_SQLITE = {1, 3, 5, 19, 24}
+ROW_ON_SQLITE = (
+    "exact-counter",
+    "try-lock-burst",
+    "holder-killed",
+    "lock-covers-commit",
+    "runlocked-supervision",
+)
 #: Items about replies lost or delayed on the network: SQLite is a file, not a server.
-NETWORK_ITEMS = {8, 9, 10}
+NETWORK_ITEMS = ("late-acquire-reply", "lost-acquire-reply", "lost-release-reply")
 
 
-def applies(number: int, key: str) -> bool:
+def applies(slug: str, key: str) -> bool:
     letter = key.partition(":")[0]
     if key == "R:sqlite":
-        return number in ROW_ON_SQLITE
-    if key == "L:sqlite" and number in NETWORK_ITEMS:
+        return slug in ROW_ON_SQLITE
+    if key == "L:sqlite" and slug in NETWORK_ITEMS:
         return False
-    if key in ("L:sqlite", "L:mysql") and number == 12:
+    if key in ("L:sqlite", "L:mysql") and slug == "lost-wake-up":
         return False  # their waiters poll: there is no notification to lose
-    if number == 26:
+    if slug == "sqlite-processes":
         return key == "L:sqlite"
-    return letter in ITEMS[number].letters
+    return letter in ITEMS[slug].letters
 
 
 def column_of(test: Any) -> str:
@@ -171,11 +196,21 @@ def column_of(test: Any) -> str:
     return column(letter, vendor)
 
 
+def unknown_slugs(test: Any) -> list[str]:
+    """The arguments of a collected test's ``catalogue`` marker that name no item."""
+    marker = test.get_closest_marker("catalogue")
+    if marker is None:
+        return []
+    return [str(slug) for slug in marker.args if slug not in ITEMS] or (
+        [] if marker.args else ["(no item)"]
+    )
+
+
 @dataclass
 class Recorder:
     """Collects, during a pytest run, each catalogue test's outcome and the bounds measured."""
 
-    outcomes: dict[str, tuple[list[int], str, str]] = field(default_factory=dict)
+    outcomes: dict[str, tuple[list[str], str, str]] = field(default_factory=dict)
     bounds: list[tuple[str, str, float]] = field(default_factory=list)
 
     def note(self, test: Any, report: Any) -> None:
@@ -208,9 +243,7 @@ class Recorder:
         from django.db import connection
 
         results = [
-            (number, key, outcome)
-            for numbers, key, outcome in self.outcomes.values()
-            for number in numbers
+            (slug, key, outcome) for slugs, key, outcome in self.outcomes.values() for slug in slugs
         ]
         Path(directory).mkdir(parents=True, exist_ok=True)
         record = {"database": connection.vendor, "results": results, "bounds": self.bounds}
@@ -219,38 +252,40 @@ class Recorder:
 
 def render(runs: Iterable[dict[str, object]]) -> str:
     """The Markdown results page for the recorded runs (see the module docstring)."""
-    outcomes: dict[tuple[int, str], set[str]] = defaultdict(set)
+    outcomes: dict[tuple[str, str], set[str]] = defaultdict(set)
     bounds: dict[tuple[str, str], list[float]] = defaultdict(list)
     databases = []
     for run in runs:
         databases.append(str(run["database"]))
-        for number, key, outcome in run["results"]:  # type: ignore[attr-defined]
-            outcomes[int(number), key].add(outcome)
+        for slug, key, outcome in run["results"]:  # type: ignore[attr-defined]
+            outcomes[str(slug), key].add(outcome)
         for what, key, seconds in run["bounds"]:  # type: ignore[attr-defined]
             bounds[what, key].append(float(seconds))
     lines = [
         "# Reliability: the fault catalogue, backend by backend",
         "",
         "Generated by `make reliability` (the catalogue tests of `make test`, on "
-        f"{', '.join(databases)}) from ../shared/RELIABILITY.md's catalogue. "
-        "**pass**: every test of the item passed on that backend; **n/a**: the item "
-        "does not apply (reason below); **not yet tested**: it applies and no test "
-        "covers it yet.",
+        f"{', '.join(databases)}): each item is a fault or a race, named by its key in "
+        "`tests/catalogue.py`. **pass**: every test of the item passed on that backend; "
+        "**n/a**: the item does not apply (reason below); **not yet tested**: it applies "
+        "and no test covers it yet.",
         "",
-        "| # | item | " + " | ".join(COLUMNS.values()) + " |",
+        "| item | what it checks | " + " | ".join(COLUMNS.values()) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
     ]
-    for number, item in ITEMS.items():
-        cells = [_cell(number, key, outcomes.get((number, key), set())) for key in COLUMNS]
-        lines.append(f"| {number} | {item.title} | " + " | ".join(cells) + " |")
+    for slug, item in ITEMS.items():
+        cells = [_cell(slug, key, outcomes.get((slug, key), set())) for key in COLUMNS]
+        lines.append(f"| `{slug}` | {item.title} | " + " | ".join(cells) + " |")
     lines += ["", "Not applicable:", ""]
-    lines += [f"- {n}: {item.elsewhere}" for n, item in ITEMS.items() if item.elsewhere]
+    lines += [f"- `{slug}`: {item.elsewhere}" for slug, item in ITEMS.items() if item.elsewhere]
     lines += [
         "- row, SQLite: the row backend there is SQLite's one write lock, tested for "
-        f"items {', '.join(map(str, sorted(ROW_ON_SQLITE)))} only; its fence is written in "
-        "the holder's transaction, so a killed holder's fence is issued again (item 5)",
-        "- lease, SQLite: items 8-10 are about replies lost on the network; SQLite is a file",
-        "- lease, SQLite and MariaDB: item 12, their waiters poll; only PostgreSQL's are notified",
+        f"{_slugs(ROW_ON_SQLITE)} only; its fence is written in the holder's transaction, "
+        "so a killed holder's fence is issued again (`holder-killed`)",
+        f"- lease, SQLite: {_slugs(NETWORK_ITEMS)} are about replies lost on the network; "
+        "SQLite is a file",
+        "- lease, SQLite and MariaDB: `lost-wake-up`, their waiters poll; only PostgreSQL's "
+        "are notified",
         "",
         "## Measured bounds (seconds)",
         "",
@@ -265,8 +300,12 @@ def render(runs: Iterable[dict[str, object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(number: int, key: str, seen: set[str]) -> str:
-    if not applies(number, key):
+def _slugs(slugs: Iterable[str]) -> str:
+    return ", ".join(f"`{slug}`" for slug in slugs)
+
+
+def _cell(slug: str, key: str, seen: set[str]) -> str:
+    if not applies(slug, key):
         return "n/a"
     if "failed" in seen:
         return "**FAIL**"

@@ -12,7 +12,7 @@ import pytest
 from djlocks.backends import backends
 from djlocks.heartbeat import heartbeat
 from djlocks.models import LeaseWaiter
-from tests.catalogue import Recorder, column_of
+from tests.catalogue import Recorder, column_of, unknown_slugs
 
 CATALOGUE = Recorder()
 
@@ -20,9 +20,20 @@ CATALOGUE = Recorder()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "catalogue(*items, backend=ALIAS): the RELIABILITY.md catalogue items this test "
-        "proves for the backend ALIAS (or for its `backend` parameter); see tests/catalogue.py",
+        "catalogue(*slugs, backend=ALIAS): the fault catalogue items (by slug, such as "
+        "'holder-killed') this test proves for the backend ALIAS (or for its `backend` "
+        "parameter); see tests/catalogue.py",
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for test in items:
+        unknown = unknown_slugs(test)
+        if unknown:
+            raise pytest.UsageError(
+                f"{test.nodeid}: not in the fault catalogue (tests/catalogue.py): "
+                + ", ".join(unknown)
+            )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -45,11 +56,17 @@ def bounds(request: pytest.FixtureRequest) -> Callable[[str, float], None]:
 
 @pytest.fixture
 def store(transactional_db: None) -> Iterator[None]:
-    """Clean lease stores; afterwards nothing may be left behind (oracle O4).
+    """Clean lease stores; afterwards nothing may be left behind (no grant,
+    waiter record, key, subscription or renewal thread).
 
     The test database is flushed by pytest-django; the Redis keys under the
     backend's prefix are deleted here, before the test.
     """
+    if "redis" not in backends.aliases():
+        pytest.fail(
+            "These tests need a Redis: set REDIS_URL (make test sets "
+            "redis://127.0.0.1:6379/0), and project/settings.py configures the redis backend."
+        )
     redis = backends["redis"]
     stale = list(redis.redis().scan_iter(match=f"{redis.prefix}:*", count=1000))
     if stale:

@@ -3,7 +3,9 @@ private PgBouncer.
 
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
-applied: the reply is what gets lost), cut every connection, and heal it again.
+applied: the reply is what gets lost), refuse marked requests (their
+connection is cut before they reach the server), cut every connection, and
+heal it again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class TcpProxy:
         self.drop_replies_from: bytes | None = None
         #: Set once a request containing ``drop_replies_from`` has gone by.
         self.dropping = threading.Event()
+        #: Cut the connection of any request containing these bytes, which never
+        #: reaches the server: to its client the server is down for that request.
+        self.refuse: bytes | None = None
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
@@ -56,6 +61,8 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                if not replies and self.refuse is not None and self.refuse in data:
+                    break
                 marker = self.drop_replies_from
                 if not replies and marker is not None and marker in data:
                     self.drop_replies = True
@@ -83,6 +90,7 @@ class TcpProxy:
         self.reply_delay = 0.0
         self.drop_replies = False
         self.drop_replies_from = None
+        self.refuse = None
         self.dropping.clear()
 
     def close(self) -> None:

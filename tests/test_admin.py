@@ -1,5 +1,6 @@
-"""The admin dashboard against the real store: what it shows (G13, RELIABILITY item 25),
-who may see and do what, the confirmed and audited forced release, history, JSON."""
+"""The admin dashboard against the real store: what it shows (the store's own holders
+and waiters, never a copy), who may see and do what, the confirmed and audited forced
+release, history, JSON."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
@@ -23,6 +25,7 @@ from django.utils import timezone
 
 from djlocks import LockLost, db_lock, db_semaphore
 from djlocks.backends import backends
+from djlocks.backends.base import HolderInfo
 from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_LOST
 from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
@@ -73,9 +76,9 @@ SHOWN = ["default", "redis"] + ([] if connection.vendor == "sqlite" else ["sessi
 LEASES = {"default", "redis"}
 
 
-@pytest.mark.catalogue(25)
+@pytest.mark.catalogue("admin-matches-store")
 @pytest.mark.parametrize("backend", SHOWN)
-def test_item_25_the_admin_matches_the_store(admin_client: Client, backend: str) -> None:
+def test_the_admin_matches_the_store(admin_client: Client, backend: str) -> None:
     """One holder and two waiters on a lock, 2 of 3 slots of a semaphore: all shown,
     with host, pid, since and, for a lease, its expiry."""
     report = CONTEXT.Queue()
@@ -179,7 +182,7 @@ def test_forced_release_needs_csrf(admin_user: User) -> None:
         grant.check()  # still held
 
 
-@pytest.mark.catalogue(23, backend="default")
+@pytest.mark.catalogue("forced-release", backend="default")
 def test_confirmed_forced_release_is_audited_and_the_holder_learns(admin_client: Client) -> None:
     lock = db_lock("force:lock", label="stuck job", timeout=0)
     grant = lock.acquire_grant()
@@ -219,7 +222,8 @@ def test_confirmed_forced_release_is_audited_and_the_holder_learns(admin_client:
 
 
 def test_only_the_grants_shown_are_released(admin_client: Client) -> None:
-    """A holder that took over between the confirmation and the POST is left alone (G13)."""
+    """A holder that took over between the confirmation and the POST is left alone: a forced
+    release fences the holder that was shown, and only that one."""
     first = db_lock("shown:lock", timeout=0).acquire_grant()
     assert first is not None
     shown_fence = first.fence
@@ -326,3 +330,52 @@ def test_sweep_records_expired_leases_and_prunes_old_history(settings: Any) -> N
     assert not LockEvent.objects.filter(name="sweep:old").exists()
     with pytest.raises(LockLost):
         lock.release()
+
+
+def every_admin_page(backend: str, name: str, holder: HolderInfo) -> list[str]:
+    """Each page and JSON view of djlocks in the admin about ``name`` on ``backend`` and
+    its ``holder``: the dashboard's, and each registered model's list, change, history
+    and delete pages for every row."""
+    query = {"backend": backend, "name": name}
+    pages = ["/admin/", "/admin/djlocks/", OVERVIEW, reverse("admin:djlocks_overview_json")]
+    pages += [name_url(name, backend), name_url(name, backend).replace("/name/", "/name.json")]
+    pages += [release_url(name, backend), release_url(name, backend, fence=holder.fence)]
+    pages += [reverse("admin:djlocks_cooldown") + "?" + urlencode({**query, "slot": holder.slot})]
+    for model in admin.site._registry:
+        if model._meta.app_label != "djlocks" or not model._meta.managed:
+            continue  # LockName has no table: its pages are the dashboard's
+        route = f"admin:djlocks_{model._meta.model_name}"
+        pages.append(reverse(f"{route}_changelist"))
+        for pk in model._default_manager.values_list("pk", flat=True):
+            pages += [reverse(f"{route}_{view}", args=[pk]) for view in ("change", "history")]
+            pages.append(reverse(f"{route}_delete", args=[pk]))
+    return pages
+
+
+@pytest.mark.parametrize("backend", SHOWN)
+def test_no_admin_page_shows_a_token(admin_client: Client, backend: str) -> None:
+    """A grant's token lets its bearer release it: no admin page or JSON view shows one,
+    with a live grant, a waiter, a cool-down and history to show."""
+    with db_lock("leak:old", backend=backend, timeout=0):
+        pass
+    report = CONTEXT.Queue()
+    waiter = None
+    try:
+        with db_lock("leak:lock", label="secret keeper", timeout=0, backend=backend):
+            waiter = start_worker(wait_in_line, "leak:lock", "waiter", report, backend)
+            wait_for(lambda: len(backends[backend].waiters("leak:lock")) == 1)
+            (holder,) = backends[backend].holders("leak:lock")
+            secret = holder.token.split(".")[0]  # a Redis token is "<secret>.<slot>"
+            assert len(secret) >= 16
+            shown = 0
+            for page in every_admin_page(backend, "leak:lock", holder):
+                answer = admin_client.get(page)
+                assert answer.status_code in (200, 403), page  # 403: rows cannot be deleted
+                text = answer.content.decode()
+                assert secret not in text, f"{page} shows the token"
+                shown += "secret keeper" in text
+            assert shown >= 4, "the pages show the grant (its label), only never its token"
+    finally:
+        if waiter is not None:
+            waiter.join(30)
+    assert waiter.exitcode == 0

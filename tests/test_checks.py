@@ -1,8 +1,28 @@
+"""Every system check id: the settings' own, and each backend's (``LockBackend.check``).
+
+Checks that need a server in a state the shared test servers cannot take
+(Galera, binary logging, innodb_rollback_on_timeout) are exercised by reading
+the code only; the Redis ids are in test_redis_backend.py and E009 in
+test_session_backends.py (PgBouncer).
+"""
+
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core import checks
+from django.db import connection
+from django.db.utils import ConnectionHandler
 from django.test import override_settings
+
+from djlocks.backends import backends, import_hint
+from djlocks.backends.sqlite_checks import lease_store_messages
+from djlocks.checks import check_backends
+
+LEASE = "djlocks.backends.lease.LeaseBackend"
 
 
 def _ids() -> set[str]:
@@ -11,6 +31,13 @@ def _ids() -> set[str]:
         for message in checks.run_checks(include_deployment_checks=False, databases=["default"])
         if message.id and not message.is_silenced()
     }
+
+
+def _sqlite(name: str, **options: object) -> ConnectionHandler:
+    """Real SQLite connections to ``name``, outside the project's DATABASES."""
+    return ConnectionHandler(
+        {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": name, "OPTIONS": options}}
+    )
 
 
 @pytest.mark.django_db
@@ -28,6 +55,16 @@ def test_unimportable_backend_is_an_error() -> None:
     assert "djlocks.E002" in _ids()
 
 
+def test_a_missing_driver_names_the_extra_to_install() -> None:
+    assert import_hint(ModuleNotFoundError("No module named 'redis'", name="redis")) == (
+        "Install the driver with: pip install 'djlocks[redis]'."
+    )
+    assert "djlocks[mysql]" in str(import_hint(ModuleNotFoundError(name="MySQLdb")))
+    assert "djlocks[postgresql]" in str(import_hint(ModuleNotFoundError(name="psycopg.pq")))
+    assert import_hint(ModuleNotFoundError(name="nope")) is None
+
+
+@pytest.mark.django_db
 @override_settings(DJLOCKS={"TTL": 0})
 def test_bad_ttl_is_an_error() -> None:
     assert "djlocks.E003" in _ids()
@@ -35,21 +72,31 @@ def test_bad_ttl_is_an_error() -> None:
 
 @override_settings(
     DJLOCKS={
-        "BACKENDS": {
-            "default": {
-                "BACKEND": "djlocks.backends.lease.LeaseBackend",
-                "OPTIONS": {"using": "missing"},
-            }
-        }
+        "BACKENDS": {"default": {"BACKEND": LEASE, "OPTIONS": {"using": "default"}}},
+        "TTLL": 30,
     }
 )
-def test_lease_backend_on_unknown_database_is_an_error() -> None:
+def test_a_misspelled_setting_is_named_with_a_suggestion() -> None:
+    [warning] = [m for m in checks.run_checks() if m.id == "djlocks.W006"]
+    assert "'TTLL'" in warning.msg and warning.hint == "Did you mean 'TTL'?"
+
+
+@override_settings(
+    DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE, "OPTION": {"using": "default"}}}}
+)
+def test_a_misspelled_backend_key_is_named_with_a_suggestion() -> None:
+    [warning] = [m for m in checks.run_checks() if m.id == "djlocks.W006"]
+    assert "'OPTION'" in warning.msg and warning.hint == "Did you mean 'OPTIONS'?"
+
+
+@override_settings(
+    DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE, "OPTIONS": {"using": "missing"}}}}
+)
+def test_a_backend_on_an_unknown_database_is_an_error() -> None:
     assert "djlocks.E005" in _ids()
 
 
 def test_a_session_backend_on_the_wrong_database_is_an_error() -> None:
-    from django.db import connection
-
     wrong = (
         "djlocks.backends.postgresql.AdvisoryLockBackend"
         if connection.vendor != "postgresql"
@@ -61,11 +108,62 @@ def test_a_session_backend_on_the_wrong_database_is_an_error() -> None:
         assert "djlocks.E006" in _ids()
 
 
+def test_leases_in_a_private_memory_database_are_an_error() -> None:
+    for name in (":memory:", "file:locks?mode=memory"):
+        [error] = lease_store_messages("default", _sqlite(name)["default"], None)
+        assert error.id == "djlocks.E004"
+        assert "use_locmem_backends" in str(error.hint), "the hint says what to do in tests"
+
+
+def test_django_s_shared_memory_test_database_is_accepted() -> None:
+    """One process is all a test run needs, and its connections share that database."""
+    name = "file:memorydb_default?mode=memory&cache=shared"
+    assert lease_store_messages("default", _sqlite(name)["default"], ["default"]) == []
+
+
+@pytest.fixture
+def sqlite_file(tmp_path: Path, django_db_blocker: Any) -> Iterator[Callable[..., Any]]:
+    """``sqlite_file(**OPTIONS)``: a connection to a new SQLite file outside DATABASES."""
+    handlers: list[ConnectionHandler] = []
+
+    def connect(**options: object) -> Any:
+        handlers.append(_sqlite(str(tmp_path / f"locks{len(handlers)}.sqlite3"), **options))
+        return handlers[-1]["default"]
+
+    with django_db_blocker.unblock():
+        yield connect
+    for handler in handlers:
+        handler.close_all()
+
+
+def test_sqlite_with_its_slow_defaults_is_warned_about(sqlite_file: Callable[..., Any]) -> None:
+    store = sqlite_file()
+    [warning] = lease_store_messages("default", store, ["default"])
+    assert warning.id == "djlocks.W007"
+    assert '"DEFERRED"' in warning.msg and '"delete"' in warning.msg
+    assert "PRAGMA journal_mode=WAL" in str(warning.hint)
+    [config_only] = lease_store_messages("default", store, None)
+    assert "journal_mode" not in config_only.msg, "no query when Django did not ask"
+
+
+def test_sqlite_with_wal_and_immediate_transactions_is_accepted(
+    sqlite_file: Callable[..., Any],
+) -> None:
+    store = sqlite_file(transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL;")
+    assert lease_store_messages("default", store, ["default"]) == []
+
+
 @pytest.mark.django_db
 def test_the_row_backend_on_sqlite_is_warned_about() -> None:
-    from django.db import connection
-
-    from djlocks.checks import check_row_databases
-
-    ids = {message.id for message in check_row_databases()}
+    ids = {message.id for message in backends["row"].check(["default"])}
     assert ids == ({"djlocks.W002"} if connection.vendor == "sqlite" else set())
+
+
+@pytest.mark.django_db
+def test_a_plain_check_asks_no_store() -> None:
+    """``databases=None`` (plain ``check``, ``runserver``): settings only, no queries."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        check_backends(databases=None)
+    assert len(queries) == 0

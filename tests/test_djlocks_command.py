@@ -15,6 +15,7 @@ from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
 from djlocks.models import LeaseWaiter
 from djlocks.signals import lock_lost
+from tests.processes import finished, manage
 from tests.workers import CONTEXT, start_worker, wait_in_line
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -119,3 +120,9 @@ def test_sweep_removes_expired_grants_and_dead_waiters() -> None:
     with pytest.raises(LockLost):
         grant.release()
     assert "default: 0 expired grants, 0 dead waiters" in djlocks("sweep").splitlines()
+
+
+def test_django_s_common_options_may_follow_the_subcommand() -> None:
+    """``manage.py djlocks list --settings S -v 2`` as Django users type it."""
+    listed = manage("djlocks", "list", "--settings", "project.settings", "-v", "2", "--traceback")
+    assert finished(listed) == 0

@@ -1,4 +1,4 @@
-"""Oracle O3: a fenced resource accepts only the newest holder's writes."""
+"""A fenced resource accepts only the newest holder's writes."""
 
 from __future__ import annotations
 

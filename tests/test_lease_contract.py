@@ -17,7 +17,7 @@ from djlocks.signals import lock_lost
 pytestmark = pytest.mark.usefixtures("store")
 
 
-@pytest.mark.catalogue(18, backend="default")
+@pytest.mark.catalogue("two-handles", backend="default")
 def test_lock_is_exclusive_and_fences_strictly_increase() -> None:
     fences = []
     for _ in range(5):
@@ -124,7 +124,7 @@ def test_unrenewed_lease_expires_and_the_holder_is_told() -> None:
         lock_lost.disconnect(on_signal)
 
 
-@pytest.mark.catalogue(21, backend="default")
+@pytest.mark.catalogue("renewal", backend="default")
 def test_renewal_never_reclaims_an_expired_grant() -> None:
     lock = Lock("contract:reclaim", ttl=0.4, renew=False)
     grant = lock.__enter__()
@@ -185,7 +185,7 @@ def test_waiters_are_listed_with_their_identity() -> None:
     thread.join()
 
 
-@pytest.mark.catalogue(11, backend="default")
+@pytest.mark.catalogue("cancelled-acquires", backend="default")
 def test_async_with_and_cancelled_acquires_leave_nothing() -> None:
     async def scenario() -> None:
         async with db_lock("contract:async", ttl=5, timeout=1) as grant:
@@ -202,13 +202,13 @@ def test_async_with_and_cancelled_acquires_leave_nothing() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.catalogue(12, backend="default")
+@pytest.mark.catalogue("lost-wake-up", backend="default")
 @pytest.mark.skipif(
     connection.vendor != "postgresql",
     reason="not applicable: only PostgreSQL's lease waiters are notified (LISTEN/NOTIFY); "
     "on other databases they poll",
 )
-def test_12_a_cut_notification_path_costs_at_most_a_poll(
+def test_a_cut_notification_path_costs_at_most_a_poll(
     bounds: Callable[[str, float], None],
 ) -> None:
     """The waiter's LISTEN session is terminated in the server; the holder's release is

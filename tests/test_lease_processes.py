@@ -1,4 +1,4 @@
-"""RELIABILITY.md catalogue items for the lease backends (rows in the database,
+"""Fault catalogue items for the lease backends (rows in the database,
 keys in Redis), with real processes.
 
 Workers are spawned (tests/workers.py) and talk to the same real test database
@@ -37,16 +37,16 @@ def _get(queue: Any, timeout: float = 60) -> Any:
         pytest.fail(f"no report from a worker within {timeout} s")
 
 
-@pytest.mark.catalogue(1, 26)
-def test_1_exact_counter_under_contention(backend: str) -> None:
+@pytest.mark.catalogue("exact-counter", "sqlite-processes")
+def test_exact_counter_under_contention(backend: str) -> None:
     result = run_stress(StressPlan(backend, processes=8, iterations=200), timeout=180)
     assert result.errors == []
     assert (result.counter, result.overlaps, result.max_concurrent) == (1600, 0, 1)
     assert result.fences_increase and result.ok
 
 
-@pytest.mark.catalogue(2)
-def test_2_semaphore_never_exceeds_limit_and_reaches_it(backend: str) -> None:
+@pytest.mark.catalogue("semaphore-limit")
+def test_semaphore_never_exceeds_limit_and_reaches_it(backend: str) -> None:
     # Holds of 30 ms against acquisitions of a few ms: with 12 contenders all
     # three slots are in use together many times over, even on a loaded 2-core
     # machine (with 3 ms holds a CI run once peaked at 2).
@@ -56,8 +56,8 @@ def test_2_semaphore_never_exceeds_limit_and_reaches_it(backend: str) -> None:
     assert result.max_concurrent == 3
 
 
-@pytest.mark.catalogue(2)
-def test_2_semaphore_with_two_holders_killed(backend: str) -> None:
+@pytest.mark.catalogue("semaphore-limit")
+def test_semaphore_with_two_holders_killed_leaks_no_slot(backend: str) -> None:
     plan = StressPlan(
         backend, processes=6, iterations=10, limit=3, hold_ms=3, ttl=1.5, name="t2k", kill=2
     )
@@ -65,7 +65,7 @@ def test_2_semaphore_with_two_holders_killed(backend: str) -> None:
     assert result.errors == [] and result.ok, result
     assert result.counter == result.expected == 6 * 10 - 2 * 5
     # No slot leaked: the dead holders' slots come free by themselves within the
-    # TTL (G12), and then all three can be held at once again.
+    # TTL (each slot is its own lease), and then all three can be held at once again.
     semaphore = Semaphore("t2k", limit=3, ttl=5, backend=backend)
     for _ in range(3):
         assert semaphore.acquire(timeout=1.5 + 1.0)
@@ -73,8 +73,8 @@ def test_2_semaphore_with_two_holders_killed(backend: str) -> None:
         semaphore.release()
 
 
-@pytest.mark.catalogue(7)
-def test_7_paused_holder_is_fenced_and_its_late_release_fails(backend: str) -> None:
+@pytest.mark.catalogue("paused-lease-holder")
+def test_paused_holder_is_fenced_and_its_late_release_fails(backend: str) -> None:
     report = CONTEXT.Queue()
     go = CONTEXT.Event()
     from tests.workers import hold_without_renewal_then_release

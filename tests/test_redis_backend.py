@@ -1,7 +1,10 @@
 """The Redis backend against a real Redis: what differs from the lease rows
-(keys, scripts, wake-ups, the restart of the server), and RELIABILITY.md items
-8, 9, 10 (through a TCP proxy), 11, 12, 21, 22, 23, 24 for it. Items 1, 2 and 7
-run for it in test_lease_processes.py, 3-5, 17 and 19 in test_reliability.py, 25 in
+(keys, scripts, wake-ups, the restart of the server), and the fault catalogue's
+late-acquire-reply, lost-acquire-reply, lost-release-reply (through a TCP proxy),
+cancelled-acquires, lost-wake-up, renewal, redis-clock-and-restart, forced-release and
+runlocked-supervision for it. exact-counter, semaphore-limit and paused-lease-holder run
+for it in test_lease_processes.py; try-lock-burst, waiters-in-turn, holder-killed,
+forked-child and lock-covers-commit in test_reliability.py; admin-matches-store in
 test_admin.py.
 
 The shared Redis (REDIS_URL) is used as is; the restart test starts a private
@@ -10,6 +13,8 @@ redis-server on its own port and never touches the shared one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import random
 import shutil
@@ -25,21 +30,24 @@ from typing import cast
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.contrib.admin.models import LogEntry
+from django.contrib.messages import get_messages
+from django.core.checks import CheckMessage
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
-from djlocks.backends.base import Abort
+from djlocks.backends.base import Abort, HolderInfo
 from djlocks.backends.redis import RedisBackend
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
 from djlocks.fencing import StaleFence, fenced_update
 from djlocks.inspection import force_release
-from djlocks.keys import redis_meta_key
+from djlocks.keys import redis_key, redis_meta_key
 from djlocks.models import LockEvent
-from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
+from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
 from djlocks.stress import current_database_names, manage_command
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
@@ -56,7 +64,7 @@ def lock(name: str = "r:job", **options: object) -> Lock:
     return Lock(name, backend=REDIS, **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.catalogue(18, backend="redis")
+@pytest.mark.catalogue("two-handles", backend="redis")
 def test_lock_is_exclusive_fences_rise_and_timeouts_are_exact() -> None:
     fences = []
     for _ in range(3):
@@ -71,17 +79,29 @@ def test_lock_is_exclusive_fences_rise_and_timeouts_are_exact() -> None:
     assert fences == sorted(fences) and len(set(fences)) == 3
 
 
-def test_keys_of_a_name_share_one_hash_tag_and_a_braced_name_is_hashed() -> None:
+def test_keys_of_a_name_share_one_hash_tag_and_are_the_documented_ones() -> None:
+    """The Lua scripts write the keys djlocks.keys describes, braces and ``%`` escaped."""
     client = backend().redis()
-    for name in ("r:tagged", "r:{braced}"):
-        tag = hash_tag(redis_meta_key(backend().prefix, name))
-        assert tag == name or (tag.startswith("#") and "{" in name)
+    prefix = backend().prefix
+    for name in ("r:tagged", "r:{braced}", "r:%7B"):
+        tag = hash_tag(redis_meta_key(prefix, name))
+        assert "{" not in tag and "}" not in tag
         with Semaphore(name, limit=2, backend=REDIS, cooldown=5), lock(name + "x"):
-            keys = {k.decode() for k in client.scan_iter(match=f"{backend().prefix}:*")}
+            keys = {k.decode() for k in client.scan_iter(match=f"{prefix}:*")}
             mine = {k for k in keys if hash_tag(k) == tag}
-            assert {k.rsplit("}:", 1)[1] for k in mine} == {"m", "s:0"}
+            assert mine == {redis_key(prefix, name, "m"), redis_key(prefix, name, "s:0")}
+        assert client.exists(redis_key(prefix, name, "c:0"))
         assert backend().cooldowns(name)[0].name == name
-    assert ("r:{braced}", 2) in backend().names()
+    assert ("r:{braced}", 2) in backend().names() and ("r:%7B", 2) in backend().names()
+
+
+def test_a_braced_name_and_its_hash_are_two_locks() -> None:
+    """The earlier scheme keyed a braced name by ``#`` and its SHA-256, which is also a
+    name anyone may choose: one Redis lease for two locks."""
+    braced = "{tenant-a}"
+    twin = "#" + hashlib.sha256(braced.encode()).hexdigest()
+    with lock(braced, timeout=0), lock(twin, timeout=0):
+        assert {h.name for h in backend().holders()} >= {braced, twin}
 
 
 def hash_tag(key: str) -> str:
@@ -125,8 +145,8 @@ def test_cooldown_keeps_the_slot_unavailable_and_can_be_cleared() -> None:
         backend().set_cooldown("r:cool", 4, 1)
 
 
-@pytest.mark.catalogue(21, backend="redis")
-def test_21_renewal_sets_never_adds_and_never_reclaims() -> None:
+@pytest.mark.catalogue("renewal", backend="redis")
+def test_renewal_sets_never_adds_and_never_reclaims() -> None:
     client = backend().redis()
     with lock("r:renew", ttl=1.2) as grant:
         time.sleep(2.0)  # past the TTL: the heartbeat renewed it
@@ -143,14 +163,14 @@ def test_21_renewal_sets_never_adds_and_never_reclaims() -> None:
         backend().renew("r:renew", stale.token, 10)  # a late renewal does not re-claim
     with pytest.raises(LockLost):
         stale.release()
-    newer.check()  # item 10: the late release did not free the newer grant
+    newer.check()  # the late release did not free the newer grant
     with pytest.raises(LockLost):
         backend().release("r:renew", stale.token, 0)  # retried: still refused
     newer.release()
 
 
-@pytest.mark.catalogue(23, backend="redis")
-def test_23_forced_release_fences_the_old_holder_and_is_recorded() -> None:
+@pytest.mark.catalogue("forced-release", backend="redis")
+def test_forced_release_fences_the_old_holder_and_is_recorded() -> None:
     FencedCounter.objects.create(name="r:forced")
     old = lock("r:forced").acquire_grant()
     other = lock("r:other").acquire_grant()
@@ -173,8 +193,8 @@ def test_23_forced_release_fences_the_old_holder_and_is_recorded() -> None:
     assert LockEvent.objects.filter(name="r:forced", kind="forced_release").exists()
 
 
-@pytest.mark.catalogue(11, backend="redis")
-def test_11_cancelled_acquires_leave_nothing_sync_and_async() -> None:
+@pytest.mark.catalogue("cancelled-acquires", backend="redis")
+def test_cancelled_acquires_leave_nothing_sync_and_async() -> None:
     rng = random.Random(11)
     with lock("r:cancel"):
         for _ in range(100):
@@ -199,8 +219,8 @@ def test_11_cancelled_acquires_leave_nothing_sync_and_async() -> None:
         assert time.monotonic() - began < 0.1
 
 
-@pytest.mark.catalogue(12, backend="redis")
-def test_12_a_lost_wake_up_costs_at_most_one_poll() -> None:
+@pytest.mark.catalogue("lost-wake-up", backend="redis")
+def test_a_lost_wake_up_costs_at_most_one_poll() -> None:
     client = backend().redis()
     holder = lock("r:wake").acquire_grant()
     assert holder is not None
@@ -352,8 +372,8 @@ class PrivateRedis:
         self.start()
 
 
-@pytest.mark.catalogue(22, backend="redis")
-def test_22_a_redis_restart_is_reported_and_fences_never_go_backwards(
+@pytest.mark.catalogue("redis-clock-and-restart", backend="redis")
+def test_a_redis_restart_is_reported_and_fences_never_go_backwards(
     private_redis: PrivateRedis,
 ) -> None:
     # Without persistence: the lease vanishes; the holder learns it at its next check.
@@ -383,8 +403,8 @@ def test_22_a_redis_restart_is_reported_and_fences_never_go_backwards(
         restored.release()
 
 
-@pytest.mark.catalogue(22, backend="redis")
-def test_22_the_effects_of_a_redis_clock_jump_are_reported_and_fences_still_rise() -> None:
+@pytest.mark.catalogue("redis-clock-and-restart", backend="redis")
+def test_the_effects_of_a_redis_clock_jump_are_reported_and_fences_still_rise() -> None:
     """A jump of Redis's clock ahead expires leases early; a jump back makes ``TIME``
     smaller than the fences already issued. libfaketime cannot run Debian's
     redis-server (it clashes with jemalloc), so both effects are made directly: the
@@ -410,8 +430,8 @@ def runlocked(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*command, *args], text=True)
 
 
-@pytest.mark.catalogue(24, backend="redis")
-def test_24_runlocked_on_redis(tmp_path: Path) -> None:
+@pytest.mark.catalogue("runlocked-supervision", backend="redis")
+def test_runlocked_on_redis(tmp_path: Path) -> None:
     with lock("r:cron"):
         assert runlocked("r:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
     assert runlocked("r:cron", "--", "sh", "-c", "exit 7").wait(30) == 7
@@ -437,11 +457,17 @@ def test_24_runlocked_on_redis(tmp_path: Path) -> None:
 def test_system_checks_warn_of_eviction_and_refuse_other_caches(
     private_redis: PrivateRedis,
 ) -> None:
-    from djlocks.checks import check_redis_stores
+    from djlocks.checks import check_backends
+
+    def check_redis_stores() -> list[CheckMessage]:
+        """What the checks say when Django asks about stores (as migrate and test do)."""
+        return check_backends(databases=[])
 
     assert {m.id for m in check_redis_stores()} == set()
     redis.Redis(port=private_redis.port).config_set("maxmemory-policy", "allkeys-lru")
     assert {m.id for m in check_redis_stores()} == {"djlocks.W004"}
+    plain_check = {m.id for m in check_backends(databases=None)}
+    assert "djlocks.W004" not in plain_check, "a plain check must not query Redis"
     spec = {"BACKEND": "djlocks.backends.redis.RedisBackend"}
     down = {
         "BACKEND": "django_redis.cache.RedisCache",
@@ -481,7 +507,9 @@ def test_a_redis_that_is_down_does_not_hide_the_other_stores(admin_client: Clien
         data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
         assert list(data["unavailable"]) == ["down"] and data["count"] >= 1
         out, err = StringIO(), StringIO()
-        call_command("djlocks", "list", "--json", stdout=out, stderr=err)
+        with pytest.raises(CommandError) as failed:  # exit 69: a store could not be asked
+            call_command("djlocks", "list", "--json", stdout=out, stderr=err)
+        assert failed.value.returncode == 69
         assert list(json.loads(out.getvalue())["unavailable"]) == ["down"]
         assert "'down' could not be asked" in err.getvalue()
 
@@ -511,8 +539,8 @@ def proxied() -> Iterator[TcpProxy]:
         proxy.close()
 
 
-@pytest.mark.catalogue(8, backend="redis")
-def test_8_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> None:
+@pytest.mark.catalogue("late-acquire-reply", backend="redis")
+def test_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> None:
     proxied.reply_delay = 1.2
     late = Lock("r:late", backend="proxied", ttl=1)
     assert late.acquire(timeout=0) is False, "a grant that came after its lease is given back"
@@ -523,11 +551,11 @@ def test_8_a_reply_delayed_past_the_ttl_is_not_believed(proxied: TcpProxy) -> No
         pass
 
 
-@pytest.mark.catalogue(9, 10, backend="redis")
-def test_9_and_10_lost_replies_leave_no_orphan_and_no_double_release(
+@pytest.mark.catalogue("lost-acquire-reply", "lost-release-reply", backend="redis")
+def test_lost_replies_leave_no_orphan_and_no_double_release(
     proxied: TcpProxy,
 ) -> None:
-    # Item 9: the acquire is applied, its reply lost; the grant ends at its TTL.
+    # The acquire is applied, its reply lost; the grant ends at its TTL.
     proxied.drop_replies = True
     with pytest.raises(BackendUnavailable):
         Lock("r:lost", backend="proxied", ttl=1).acquire(timeout=0)
@@ -535,7 +563,7 @@ def test_9_and_10_lost_replies_leave_no_orphan_and_no_double_release(
     began = time.monotonic()
     with lock("r:lost", timeout=3):
         assert time.monotonic() - began < 1.5, "the orphan ended at its TTL"
-    # Item 10: the release is applied, its reply lost; retrying it frees nothing newer.
+    # The release is applied, its reply lost; retrying it frees nothing newer.
     proxied.heal()
     old = Lock("r:lost", backend="proxied", ttl=5).acquire_grant(timeout=0)
     assert old is not None
@@ -547,3 +575,98 @@ def test_9_and_10_lost_replies_leave_no_orphan_and_no_double_release(
         with pytest.raises(LockLost):
             backends["proxied"].release("r:lost", old.token, 0)
         newer.check()
+
+
+@contextlib.contextmanager
+def semaphore_of_two(name: str) -> Iterator[list[HolderInfo]]:
+    """Two grants of a semaphore on the proxied store (no renewal: nothing else is
+    sent), as their holders; whatever is left of them is released afterwards."""
+    semaphore = Semaphore(name, limit=2, backend="proxied", renew=False)
+    grants = [semaphore.acquire_grant(timeout=0) for _ in range(2)]
+    try:
+        assert all(grants)
+        yield sorted(backends["proxied"].holders(name), key=lambda h: h.slot)
+    finally:
+        for grant in filter(None, grants):
+            with contextlib.suppress(LockLost, BackendUnavailable):
+                grant.release()
+
+
+def secret_of(holder: HolderInfo) -> bytes:
+    """What a Redis force_release sends of the grant: its token's secret."""
+    return holder.token.rpartition(".")[0].encode()
+
+
+def test_a_forced_release_that_fails_half_way_audits_what_it_took(proxied: TcpProxy) -> None:
+    """The store fails on the second grant: the first was taken away and is audited."""
+    with semaphore_of_two("r:half") as (first, second):
+        proxied.refuse = secret_of(second)
+        with pytest.raises(BackendUnavailable):
+            force_release([first, second], operator="tester", reason="stuck")
+        proxied.heal()
+        (event,) = LockEvent.objects.filter(name="r:half", kind="forced_release")
+        assert (event.fence, event.operator, event.reason) == (first.fence, "tester", "stuck")
+        assert [h.fence for h in backends["proxied"].holders("r:half")] == [second.fence]
+
+
+def test_djlocks_release_says_what_it_released_before_the_store_failed(
+    proxied: TcpProxy,
+) -> None:
+    with semaphore_of_two("r:half-command") as (first, second):
+        proxied.refuse = secret_of(second)
+        with pytest.raises(CommandError, match="Released 1 of 2 grant") as failed:
+            call_command("djlocks", "release", "r:half-command", "--backend", "proxied", "--yes")
+        proxied.heal()
+        assert failed.value.returncode == EXIT_UNAVAILABLE
+        (event,) = LockEvent.objects.filter(name="r:half-command", kind="forced_release")
+        assert event.fence == first.fence
+
+
+def test_the_admin_audits_a_release_that_fails_half_way(
+    proxied: TcpProxy, admin_client: Client
+) -> None:
+    with semaphore_of_two("r:half-admin") as (first, second):
+        proxied.refuse = secret_of(second)
+        url = reverse("admin:djlocks_release") + "?backend=proxied&name=r:half-admin"
+        fences = f"{first.fence},{second.fence}"
+        answer = admin_client.post(url, {"fences": fences, "reason": "stuck"}, follow=True)
+        proxied.heal()
+        assert answer.status_code == 200
+        (entry,) = LogEntry.objects.filter(object_id="r:half-admin")
+        assert f"fence {first.fence}" in entry.get_change_message()
+        shown = [str(m) for m in answer.context["messages"]]
+        assert any("Released 1 grant(s)" in m for m in shown), shown
+        assert any("could not use Redis" in m for m in shown), shown
+        assert [h.fence for h in backends["proxied"].holders("r:half-admin")] == [second.fence]
+
+
+def test_the_admin_says_when_the_store_is_down_instead_of_failing(
+    proxied: TcpProxy, admin_client: Client
+) -> None:
+    with Semaphore("r:down-admin", limit=2, backend="proxied", cooldown=300, renew=False):
+        pass
+    held = Semaphore("r:down-admin", limit=2, backend="proxied", renew=False).acquire_grant(
+        timeout=0
+    )
+    assert held is not None and held.slot == 1, "slot 0 cools down"
+    query = "?backend=proxied&name=r:down-admin"
+    proxied.refuse = b""  # every request: the store is down
+    try:
+        for url, data in (
+            (reverse("admin:djlocks_release") + query, {"fences": str(held.fence), "reason": "x"}),
+            (
+                reverse("admin:djlocks_cooldown") + query + "&slot=0",
+                {"seconds": "0", "reason": "x"},
+            ),
+        ):
+            answer = admin_client.post(url, data)
+            assert answer.status_code == 302, url
+            shown = [str(m) for m in get_messages(answer.wsgi_request)]
+            assert any("could not" in m for m in shown), shown
+            assert not any("Released" in m for m in shown), shown
+    finally:
+        proxied.heal()
+    assert backends["proxied"].holders("r:down-admin"), "nothing was released"
+    assert backends["proxied"].cooldowns("r:down-admin"), "the cool-down is unchanged"
+    assert not LogEntry.objects.filter(object_id="r:down-admin").exists()
+    held.release()

@@ -1,4 +1,4 @@
-"""RELIABILITY.md catalogue items that run the same way on every backend.
+"""Fault catalogue items that run the same way on every backend.
 
 Each test is parametrised over ``BACKENDS``, the backends configured for the
 database DJLOCKS_DB picks: a new backend joins by being listed there. The
@@ -58,13 +58,13 @@ FORKABLE = ["redis"] if connection.vendor == "sqlite" else ["redis", "session"]
 #: On SQLite the row lock's fence is written in the holder's transaction, which the
 #: kill rolls back, so the next grant gets the same fence (documented in row_sqlite).
 FENCE_ROLLED_BACK = {"row"} if connection.vendor == "sqlite" else set()
-#: Seconds: the lease of the item 5 holder, and how often item 5 is repeated.
+#: Seconds: the lease of the SIGKILLed holder, and how often that test is repeated.
 CRASH_TTL, CRASH_ROUNDS = 1.5, 3
 
 
-@pytest.mark.catalogue(3)
+@pytest.mark.catalogue("try-lock-burst")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_3_a_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
+def test_a_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
     """20 processes released together by a barrier each try once (``timeout=0``):
     one wins, 19 are told no, and none gets an error."""
     barrier = CONTEXT.Barrier(20)
@@ -76,9 +76,9 @@ def test_3_a_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
     assert outcomes.count("won") == 1 and outcomes.count("lost") == 19, outcomes
 
 
-@pytest.mark.catalogue(4)
+@pytest.mark.catalogue("waiters-in-turn")
 @pytest.mark.parametrize("backend", QUEUEING)
-def test_4_waiters_progress_one_at_a_time_in_order_where_promised(backend: str) -> None:
+def test_waiters_progress_one_at_a_time_in_order_where_promised(backend: str) -> None:
     """Three queued waiters are served one by one after the holder's release, with
     rising fences; a newcomer cannot barge in while they wait. The order is the
     queue's everywhere but MySQL, whose GET_LOCK serves waiters in no set order."""
@@ -106,12 +106,12 @@ def test_4_waiters_progress_one_at_a_time_in_order_where_promised(backend: str) 
         assert labels == ["first", "second", "third"]
 
 
-@pytest.mark.catalogue(5, 26)
+@pytest.mark.catalogue("holder-killed", "sqlite-processes")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_5_a_sigkilled_holder_frees_the_name_within_g4(
+def test_a_sigkilled_holder_frees_the_name_within_the_crash_release_bound(
     backend: str, bounds: Callable[[str, float], None]
 ) -> None:
-    """G4: a session or row lock is free in under 1 s; a lease at its TTL (its last
+    """A session or row lock is free in under 1 s; a lease at its TTL (its last
     renewal was at most TTL/3 before the kill), never before. The next fence is higher
     (equal only where the kill rolled the fence back with the holder's transaction)."""
     for round_ in range(CRASH_ROUNDS):
@@ -136,9 +136,9 @@ def test_5_a_sigkilled_holder_frees_the_name_within_g4(
         bounds(f"SIGKILLed holder's name free after (leases: TTL {CRASH_TTL} s)", freed)
 
 
-@pytest.mark.catalogue(19)
+@pytest.mark.catalogue("lock-covers-commit")
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_19_the_lock_covers_the_commit(backend: str) -> None:
+def test_the_lock_covers_the_commit(backend: str) -> None:
     """4 workers x 50 read-modify-writes, each in ``transaction.atomic()`` under the
     lock (a row lock inside the transaction, any other around it): none is lost."""
     assert _counted_by_four_workers(f"covered:{backend}", "c19", backend) == 200
@@ -148,9 +148,9 @@ def test_19_the_lock_covers_the_commit(backend: str) -> None:
     connection.vendor == "sqlite",
     reason="not applicable: SQLite's IMMEDIATE transactions serialise every writer",
 )
-def test_19_the_negative_control_without_a_lock_loses_updates() -> None:
-    """Item 19's control: the same workload with no lock loses updates, so the
-    test above could fail."""
+def test_without_a_lock_the_same_workload_loses_updates() -> None:
+    """The control of the test above: the same workload with no lock loses updates,
+    so that test could fail."""
     assert _counted_by_four_workers("uncovered", None) < 200
 
 
@@ -168,9 +168,9 @@ def _counted_by_four_workers(counter: str, lock_name: str | None, backend: str =
     return FencedCounter.objects.get(name=counter).value
 
 
-@pytest.mark.catalogue(17)
+@pytest.mark.catalogue("forked-child")
 @pytest.mark.parametrize("backend", FORKABLE)
-def test_17_a_forked_child_never_uses_its_parents_grant(backend: str) -> None:
+def test_a_forked_child_never_uses_its_parents_grant(backend: str) -> None:
     """The child can neither release nor check the parent's grant (``NotHeld``, no
     I/O), does not get in through the parent's session, does not renew the parent's
     grant, and takes locks of its own; the parent holds on throughout."""
@@ -205,9 +205,9 @@ def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
         return 12
 
 
-@pytest.mark.catalogue(8, 9, 10)
+@pytest.mark.catalogue("late-acquire-reply", "lost-acquire-reply", "lost-release-reply")
 @pytest.mark.parametrize("backend", NETWORKED)
-def test_8_9_10_late_and_lost_replies_leave_no_orphan_and_free_nothing_newer(
+def test_late_and_lost_replies_leave_no_orphan_and_free_nothing_newer(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A holder in another process talks to the server through a TCP proxy.
@@ -259,9 +259,9 @@ def test_8_9_10_late_and_lost_replies_leave_no_orphan_and_free_nothing_newer(
         proxy.close()
 
 
-@pytest.mark.catalogue(23)
+@pytest.mark.catalogue("forced-release")
 @pytest.mark.parametrize("backend", FORCEABLE)
-def test_23_a_holder_learns_of_a_forced_release_within_a_heartbeat(
+def test_a_holder_learns_of_a_forced_release_within_a_heartbeat(
     backend: str, bounds: Callable[[str, float], None]
 ) -> None:
     """After a forced release the holder's heartbeat (every TTL/3) finds the grant gone
@@ -281,13 +281,13 @@ def test_23_a_holder_learns_of_a_forced_release_within_a_heartbeat(
         grant.release()
 
 
-#: Seconds: the lease of the paused holders of items 6 and 7.
+#: Seconds: the lease of the paused holders below.
 PAUSE_TTL = 1.5
 
 
-@pytest.mark.catalogue(7)
+@pytest.mark.catalogue("paused-lease-holder")
 @pytest.mark.parametrize("backend", LEASES)
-def test_7_a_holder_paused_past_its_ttl_learns_it_lost_when_it_resumes(
+def test_a_holder_paused_past_its_ttl_learns_it_lost_when_it_resumes(
     backend: str, bounds: Callable[[str, float], None]
 ) -> None:
     """SIGSTOP past the TTL, another process takes the name: on SIGCONT the old
@@ -295,9 +295,9 @@ def test_7_a_holder_paused_past_its_ttl_learns_it_lost_when_it_resumes(
     _resumed_holder_learns(backend, bounds, end_the_grant=lambda: time.sleep(PAUSE_TTL + 0.3))
 
 
-@pytest.mark.catalogue(6, backend="session")
+@pytest.mark.catalogue("paused-session-holder", backend="session")
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="no session backend on SQLite")
-def test_6_a_paused_holder_whose_session_was_killed_learns_it_lost_when_it_resumes(
+def test_a_paused_holder_whose_session_was_killed_learns_it_lost_when_it_resumes(
     bounds: Callable[[str, float], None],
 ) -> None:
     """SIGSTOP, then an administrator kills the holder's session: on SIGCONT its

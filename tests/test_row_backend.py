@@ -1,7 +1,9 @@
 """The row backend (SELECT ... FOR UPDATE in the caller's transaction) against the real
-server: the contract, RELIABILITY.md items 1, 2, 4, 9 (through a TCP proxy), 11, 20, 23
-and 25 on PostgreSQL and MariaDB, and item 26's shape (the write lock) on SQLite. Items 3, 5
-and 19 run for every backend in test_reliability.py."""
+server: the contract, and the fault catalogue's exact-counter, semaphore-limit,
+waiters-in-turn, lost-acquire-reply (through a TCP proxy), cancelled-acquires,
+deadlock-victim, forced-release and admin-matches-store on PostgreSQL and MariaDB, and on
+SQLite the shape of its one write lock. try-lock-burst, holder-killed and
+lock-covers-commit run for every backend in test_reliability.py."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ ROW = "row"
 T = TypeVar("T")
 SQLITE = connection.vendor == "sqlite"
 servers_only = pytest.mark.skipif(
-    SQLITE, reason="not applicable: SQLite has one write lock, no row locks (item 26 instead)"
+    SQLITE, reason="not applicable: SQLite has one write lock, no row locks"
 )
 
 
@@ -100,7 +102,7 @@ def test_the_row_stays_locked_until_the_callers_transaction_commits() -> None:
         with lock() as grant:
             assert grant.expires_at is None
             assert not try_elsewhere(), "held inside the with block"
-        assert not try_elsewhere(), "the with block ended, the transaction did not (G11)"
+        assert not try_elsewhere(), "the with block ended, the transaction did not"
         assert backends[ROW].holders("r:job")[0].fence == grant.fence
     assert try_elsewhere(), "free once the transaction committed"
 
@@ -119,7 +121,7 @@ def test_outside_a_transaction_the_with_block_is_the_transaction() -> None:
     assert try_elsewhere()
 
 
-@pytest.mark.catalogue(18, backend=ROW)
+@pytest.mark.catalogue("two-handles", backend=ROW)
 def test_a_second_handle_waits_and_times_out_leaving_the_transaction_usable() -> None:
     with lock():
 
@@ -191,11 +193,11 @@ def test_bad_uses_get_clear_errors() -> None:
     grant.release()
 
 
-# -- RELIABILITY.md catalogue --------------------------------------------------
+# -- the fault catalogue -------------------------------------------------------
 
 
-@pytest.mark.catalogue(1, backend=ROW)
-def test_1_exact_counter_under_contention_8_processes() -> None:
+@pytest.mark.catalogue("exact-counter", backend=ROW)
+def test_exact_counter_under_contention_8_processes() -> None:
     result = run_stress(StressPlan(ROW, processes=8, iterations=100), timeout=180)
     assert result.errors == []
     assert (result.counter, result.overlaps, result.max_concurrent) == (800, 0, 1)
@@ -204,18 +206,18 @@ def test_1_exact_counter_under_contention_8_processes() -> None:
         assert result.fences_increase
 
 
-@pytest.mark.catalogue(2, backend=ROW)
+@pytest.mark.catalogue("semaphore-limit", backend=ROW)
 @servers_only
-def test_2_semaphore_never_exceeds_limit_and_reaches_it() -> None:
+def test_semaphore_never_exceeds_limit_and_reaches_it() -> None:
     plan = StressPlan(ROW, processes=12, iterations=12, limit=3, hold_ms=30, name="r:t2")
     result = run_stress(plan, timeout=180)
     assert result.errors == [] and result.ok, result
     assert result.max_concurrent == 3
 
 
-@pytest.mark.catalogue(4, 25, backend=ROW)
+@pytest.mark.catalogue("waiters-in-turn", "admin-matches-store", backend=ROW)
 @servers_only
-def test_4_and_25_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client) -> None:
+def test_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client) -> None:
     report = CONTEXT.Queue()
     with lock("r:seen", label="nightly import") as grant:
         waiters = []
@@ -243,9 +245,9 @@ def test_4_and_25_waiters_queue_in_the_server_and_show_with_identity(admin_clien
         worker.join(20)
 
 
-@pytest.mark.catalogue(9, backend=ROW)
+@pytest.mark.catalogue("lost-acquire-reply", backend=ROW)
 @servers_only
-def test_9_a_lost_acquire_reply_leaves_no_orphan_lock() -> None:
+def test_a_lost_acquire_reply_leaves_no_orphan_lock() -> None:
     """The lock is applied, its reply lost, the connection then cut: the server ends
     the transaction, so the row is free at once and nobody else ever held it twice."""
     with transaction.atomic(), lock("r:lost"):
@@ -299,9 +301,9 @@ def _try_row(name: str) -> bool:
     return True
 
 
-@pytest.mark.catalogue(11, backend=ROW)
+@pytest.mark.catalogue("cancelled-acquires", backend=ROW)
 @servers_only
-def test_11_cancelled_acquires_leave_nothing_behind() -> None:
+def test_cancelled_acquires_leave_nothing_behind() -> None:
     with lock("r:cancel"):
 
         def cancelled_wait(delay: float) -> object:
@@ -318,9 +320,9 @@ def test_11_cancelled_acquires_leave_nothing_behind() -> None:
     assert time.monotonic() - began < 1
 
 
-@pytest.mark.catalogue(20, backend=ROW)
+@pytest.mark.catalogue("deadlock-victim", backend=ROW)
 @servers_only
-def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
+def test_a_deadlock_between_two_names_has_one_typed_victim() -> None:
     both_hold_one = threading.Barrier(2)
     outcomes: list[str] = []
 
@@ -344,9 +346,9 @@ def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
     assert sorted(outcomes) == ["proceeded", "victim"]
 
 
-@pytest.mark.catalogue(23, backend=ROW)
+@pytest.mark.catalogue("forced-release", backend=ROW)
 @servers_only
-def test_23_forced_release_ends_exactly_the_holders_transaction() -> None:
+def test_forced_release_ends_exactly_the_holders_transaction() -> None:
     def holder(name: str, hold: threading.Event, outcome: list[object]) -> None:
         try:
             with lock(name) as grant:
@@ -395,7 +397,7 @@ def _hold_plainly(name: str, hold: threading.Event, outcome: list[object]) -> No
         connection.close()
 
 
-@pytest.mark.catalogue(24, backend=ROW)
+@pytest.mark.catalogue("runlocked-supervision", backend=ROW)
 def test_runlocked_on_row_locks() -> None:
     with lock("r:cron"):
         conflict = runlocked("r:cron", "--backend", ROW, "--timeout", "0", "--", "true")

@@ -1,5 +1,5 @@
-"""``manage.py runlocked``: RELIABILITY.md item 24 and the issue's behaviours, with
-real processes (runlocked, its command and, where needed, another holder)."""
+"""``manage.py runlocked``: its supervision of the command and the issue's behaviours,
+with real processes (runlocked, its command and, where needed, another holder)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def held() -> Iterator[Lock]:
     lock.release()
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_conflict_exits_75_or_the_chosen_status(held: Lock) -> None:
     assert finished(runlocked("job", "-n", "--", "true")) == EXIT_CONFLICT == 75
     assert finished(runlocked("job", "-n", "--conflict-exit-code", "9", "--", "true")) == 9
@@ -38,7 +38,7 @@ def test_conflict_exits_75_or_the_chosen_status(held: Lock) -> None:
     assert time.monotonic() - began >= 0.5
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_the_commands_exit_status_is_passed_through() -> None:
     assert finished(runlocked("job", "--", "sh", "-c", "exit 7")) == 7
     assert finished(runlocked("job", "--", "sh", "-c", "kill -KILL $$")) == 128 + 9
@@ -54,7 +54,7 @@ def test_the_command_gets_the_grant_in_its_environment(tmp_path: Path) -> None:
     assert (name, slot) == ("job", "0") and int(fence) >= 1
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_reach_the_whole_group_of_a_sh_command(tmp_path: Path, signum: int) -> None:
     shell_pid, background_pid = tmp_path / "shell", tmp_path / "background"
@@ -74,7 +74,7 @@ def test_signals_reach_the_whole_group_of_a_sh_command(tmp_path: Path, signum: i
     assert backends["default"].holders("job") == [], "runlocked must release after the command"
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_a_signal_while_waiting_means_the_command_never_starts(tmp_path: Path, held: Lock) -> None:
     marker = tmp_path / "started"
     wrapper = runlocked("job", "-v", "2", "--", "touch", str(marker), stderr=subprocess.PIPE)
@@ -87,7 +87,7 @@ def test_a_signal_while_waiting_means_the_command_never_starts(tmp_path: Path, h
     assert backends["default"].waiters("job") == []
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_sigkill_of_runlocked_kills_its_command_and_the_lease_frees(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     wrapper = runlocked(
@@ -104,7 +104,7 @@ def test_sigkill_of_runlocked_kills_its_command_and_the_lease_frees(tmp_path: Pa
     lock.release()
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_forced_release_terminates_the_group_escalating_to_sigkill(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     stubborn = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.05; done"
@@ -120,7 +120,7 @@ def test_forced_release_terminates_the_group_escalating_to_sigkill(tmp_path: Pat
     wait_until_dead(command, timeout=1)
 
 
-@pytest.mark.catalogue(24, backend="default")
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
 def test_a_pause_past_the_lease_loses_it_and_stops_the_command(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     wrapper = runlocked(

@@ -1,7 +1,7 @@
 """Session backends (GET_LOCK on MariaDB, advisory locks on PostgreSQL) against the
 real server: the contract, crash release, forced release, identity, interoperation
-with the mysql and psql clients, G11, cancellation, runlocked, and a PgBouncer in
-transaction pooling mode refused (item 16).
+with the mysql and psql clients, the lock covering the commit, cancellation,
+runlocked, and a PgBouncer in transaction pooling mode refused.
 
 They run in the postgresql and mysql runs of `make test` (CI runs all three);
 SQLite has no session locks, so the sqlite run does not collect them."""
@@ -66,7 +66,7 @@ def lock(name: str = "s:job", **options: object) -> Lock:
     return Lock(name, backend=SESSION, ttl=3, **options)  # type: ignore[arg-type]
 
 
-@pytest.mark.catalogue(18, backend=SESSION)
+@pytest.mark.catalogue("two-handles", backend=SESSION)
 def test_two_handles_in_one_process_exclude_each_other() -> None:
     with lock() as grant:
         assert grant.expires_at is None
@@ -90,7 +90,7 @@ def test_fences_rise_and_timeouts_are_honoured() -> None:
 
 
 def assert_free_within_a_second(name: str) -> None:
-    """A killed holder's session ends, and the server frees its lock at once (G4)."""
+    """A killed holder's session ends, and the server frees its lock at once."""
     began = time.monotonic()
     survivor = lock(name)
     assert survivor.acquire(timeout=5)
@@ -98,8 +98,8 @@ def assert_free_within_a_second(name: str) -> None:
     survivor.release()
 
 
-@pytest.mark.catalogue(6, backend=SESSION)
-def test_6_a_paused_holder_keeps_its_lock_until_the_server_kills_its_session() -> None:
+@pytest.mark.catalogue("paused-session-holder", backend=SESSION)
+def test_a_paused_holder_keeps_its_lock_until_the_server_kills_its_session() -> None:
     """SIGSTOP alone frees nothing (a session lock has no lease); an administrator's
     kill of the session does, and the woken holder learns it lost, never success."""
     report, go = CONTEXT.Queue(), CONTEXT.Event()
@@ -134,8 +134,8 @@ def kill_session(connection_id: int) -> None:
         cursor.execute(sql, [connection_id])
 
 
-@pytest.mark.catalogue(13, backend=SESSION)
-def test_13_a_waiter_whose_connection_failed_is_ended_in_the_server(
+@pytest.mark.catalogue("client-timeout", backend=SESSION)
+def test_a_waiter_whose_connection_failed_is_ended_in_the_server(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A waiter (another process, connected through a TCP proxy) waits in the server;
@@ -166,8 +166,8 @@ def test_13_a_waiter_whose_connection_failed_is_ended_in_the_server(
         pass
 
 
-@pytest.mark.catalogue(14, backend=SESSION)
-def test_14_django_closing_its_connections_leaves_the_lock_held() -> None:
+@pytest.mark.catalogue("django-closes-connections", backend=SESSION)
+def test_django_closing_its_connections_leaves_the_lock_held() -> None:
     """Django closes and recycles its own connections (end of request, CONN_MAX_AGE 0
     or 60, health checks, close_all); the lock lives on djlocks' own and stays held."""
     from django.core.signals import request_finished, request_started
@@ -192,8 +192,8 @@ def test_14_django_closing_its_connections_leaves_the_lock_held() -> None:
         assert not acquired_in_another_thread(lock("s:django"))
 
 
-@pytest.mark.catalogue(15, backend=SESSION)
-def test_15_a_server_idle_limit_never_drops_a_held_lock_silently(
+@pytest.mark.catalogue("server-idle-timeout", backend=SESSION)
+def test_a_server_idle_limit_never_drops_a_held_lock_silently(
     bounds: Callable[[str, float], None],
 ) -> None:
     """With the server's idle limit at 1 s for new sessions, a lock held idle for 2.5 s
@@ -242,8 +242,8 @@ def server_idle_limit_of_one_second() -> Iterator[None]:
             cursor.execute(restore)
 
 
-@pytest.mark.catalogue(20, backend=SESSION)
-def test_20_a_deadlock_between_two_names_has_one_typed_victim() -> None:
+@pytest.mark.catalogue("deadlock-victim", backend=SESSION)
+def test_a_deadlock_between_two_names_has_one_typed_victim() -> None:
     """Two threads each hold one name and wait for the other's, with no time-out:
     within about a second one of them (the one that began waiting last) gets
     LockDeadlock, and the other is granted and proceeds."""
@@ -311,7 +311,7 @@ def test_waits_that_only_look_like_a_cycle_by_process_are_not_deadlocks() -> Non
     assert sorted(outcomes) == ["a got b", "b got c"]
 
 
-@pytest.mark.catalogue(23, backend=SESSION)
+@pytest.mark.catalogue("forced-release", backend=SESSION)
 def test_forced_release_kills_exactly_the_holder_which_learns_it_lost() -> None:
     first, second = lock("s:a"), lock("s:b")
     grant_a, grant_b = first.acquire_grant(), second.acquire_grant()
@@ -342,8 +342,8 @@ def test_holders_and_waiters_come_from_the_server_with_identity() -> None:
     waiter.join(20)
 
 
-def test_inside_a_transaction_the_acquire_is_refused_g11() -> None:
-    with transaction.atomic(), pytest.raises(BackendUnavailable, match="G11"):
+def test_inside_a_transaction_the_acquire_is_refused() -> None:
+    with transaction.atomic(), pytest.raises(BackendUnavailable, match="cover the commit"):
         lock().acquire()
 
 
@@ -352,7 +352,7 @@ def test_a_cooldown_is_refused_with_a_clear_error() -> None:
         lock(cooldown=5).acquire()
 
 
-@pytest.mark.catalogue(11, backend=SESSION)
+@pytest.mark.catalogue("cancelled-acquires", backend=SESSION)
 def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
     async def wait_then_cancel() -> None:
         attempt = asyncio.ensure_future(lock().__aenter__())
@@ -369,7 +369,7 @@ def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
     after.release()
 
 
-@pytest.mark.catalogue(2, backend=SESSION)
+@pytest.mark.catalogue("semaphore-limit", backend=SESSION)
 def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None:
     plan = StressPlan(SESSION, processes=8, iterations=12, limit=3, hold_ms=30)
     result = run_stress(plan, timeout=240)
@@ -377,7 +377,7 @@ def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None
     assert result.max_concurrent == 3
 
 
-@pytest.mark.catalogue(1, backend=SESSION)
+@pytest.mark.catalogue("exact-counter", backend=SESSION)
 def test_lock_strength_test() -> None:
     result = run_stress(StressPlan(SESSION, processes=8, iterations=50), timeout=240)
     assert result.ok, result
@@ -447,7 +447,7 @@ def runlocked(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([*command, *args], text=True)
 
 
-@pytest.mark.catalogue(24, backend=SESSION)
+@pytest.mark.catalogue("runlocked-supervision", backend=SESSION)
 def test_runlocked_on_session_locks(tmp_path: Path) -> None:
     with lock("s:cron"):
         assert runlocked("s:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
@@ -482,9 +482,9 @@ def test_runlocked_on_session_locks(tmp_path: Path) -> None:
 @pytest.mark.skipif(
     connection.vendor != "postgresql", reason="not applicable: PgBouncer pools PostgreSQL only"
 )
-@pytest.mark.catalogue(16, backend=SESSION)
+@pytest.mark.catalogue("transaction-pooler", backend=SESSION)
 @pytest.mark.parametrize("pool_mode", ["transaction", "session"])
-def test_16_a_pooler_sharing_server_sessions_is_refused(pool_mode: str) -> None:
+def test_a_pooler_sharing_server_sessions_is_refused(pool_mode: str) -> None:
     """PgBouncer in transaction mode is reported by the check and refused at the first
     acquire, leaving no advisory lock behind; in session mode it is accepted."""
     bouncer = PgBouncer(

@@ -137,10 +137,10 @@ def read_modify_write(
     """Add 1 to a ``FencedCounter`` ``iterations`` times, each in its own transaction.
 
     Read, pause 0-2 ms, write: without a lock that covers the commit, two
-    workers read the same value and one update is lost (RELIABILITY.md item 19).
+    workers read the same value and one update is lost.
     A row lock is taken inside the transaction and ends with its commit; any
     other lock is taken around the transaction, so it is released after the
-    commit (G11).
+    commit.
     """
     import random
 

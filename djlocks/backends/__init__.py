@@ -39,8 +39,10 @@ class BackendHandler:
         try:
             backend_class = import_string(path)
         except ImportError as exc:
+            hint = import_hint(exc)
             raise ImproperlyConfigured(
-                f"DJLOCKS['BACKENDS'][{alias!r}]['BACKEND'] = {path!r} cannot be imported: {exc}"
+                f"DJLOCKS['BACKENDS'][{alias!r}]['BACKEND'] = {path!r} cannot be imported: "
+                f"{exc}.{' ' + hint if hint else ''}"
             ) from exc
         backend: LockBackend = backend_class(alias, spec.get("OPTIONS", {}))
         return backend
@@ -60,3 +62,17 @@ class BackendHandler:
 
 
 backends = BackendHandler()
+
+
+def import_hint(exc: ImportError) -> str | None:
+    """What to install when a backend's driver is missing, or ``None``."""
+    extras = {
+        "redis": "redis",
+        "django_redis": "redis",
+        "MySQLdb": "mysql",
+        "psycopg": "postgresql",
+    }
+    missing = (getattr(exc, "name", None) or "").partition(".")[0]
+    if missing not in extras:
+        return None
+    return f"Install the driver with: pip install 'djlocks[{extras[missing]}]'."

@@ -6,11 +6,13 @@ import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
+
+from django.core.checks import CheckMessage, Error
 
 from djlocks.identity import Identity
 
@@ -31,6 +33,7 @@ class Abort(threading.Event):
         self._cancellers_guard = threading.Lock()
 
     def set(self) -> None:
+        """Set the flag, then call every registered canceller (in this thread)."""
         super().set()
         with self._cancellers_guard:
             cancellers = list(self._cancellers)
@@ -100,9 +103,9 @@ class GrantRecord:
     #: A context the backend entered for the grant (the row backend's own
     #: transaction), left at release with the ``with`` block's exception, if any.
     scope: AbstractContextManager[Any] | None = None
-    #: ``time.monotonic()`` when the request that made a lease was sent: the lease
-    #: cannot have started earlier, so the holder's belief (G2) counts from here.
-    #: ``None`` for grants that end with a session or transaction, not by time.
+    #: The ``time.monotonic()`` moment the request that made a lease was sent.
+    #: The lease cannot have started earlier, so the holder's belief in it counts
+    #: from here. ``None`` for grants that end with a session or transaction.
     requested_at: float | None = None
 
 
@@ -141,7 +144,7 @@ class WaiterInfo:
 
 @dataclass(frozen=True)
 class CooldownInfo:
-    """A released slot that may not be granted again before ``until`` (scenario S4)."""
+    """A released slot that may not be granted again before ``until`` (a cool-down)."""
 
     name: str
     backend: str
@@ -162,6 +165,8 @@ class LockBackend(ABC):
     forced_release_effect = "its grant is taken away"
     #: False where djlocks cannot write the history of this store's grants.
     records_history = True
+    #: True where an operator can ask a holder to give its grant back (``request_release``).
+    releases_gracefully = False
     #: True where a grant lives in the acquiring thread's database transaction
     #: (the row backend): it is released in that thread, never from async code.
     in_caller_transaction = False
@@ -173,7 +178,12 @@ class LockBackend(ABC):
     @abstractmethod
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
-    ) -> GrantRecord | None: ...
+    ) -> GrantRecord | None:
+        """Grant a slot of ``request.name``, waiting until ``deadline``; ``None`` if not.
+
+        Raises ``AlreadyHeld`` when the name is held with another limit, and
+        ``BackendUnavailable`` when the store cannot be used.
+        """
 
     @abstractmethod
     def release(self, name: str, token: str, cooldown: float) -> None:
@@ -198,10 +208,12 @@ class LockBackend(ABC):
         """
 
     @abstractmethod
-    def holders(self, name: str | None = None) -> list[HolderInfo]: ...
+    def holders(self, name: str | None = None) -> list[HolderInfo]:
+        """The live grants of ``name`` (or of every name), as the store itself records them."""
 
     @abstractmethod
-    def waiters(self, name: str | None = None) -> list[WaiterInfo]: ...
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        """The callers waiting for ``name`` (or for every name), in queue order."""
 
     @abstractmethod
     def names(self) -> list[tuple[str, int]]:
@@ -234,6 +246,72 @@ class LockBackend(ABC):
     def force_release(self, name: str, token: str | None = None) -> int:
         """Take grants of ``name`` away (one by ``token``, or all); return how many."""
 
+    def request_release(self, name: str, token: str, wait: float) -> int:
+        """Ask the holder of the grant ``token`` of ``name`` to give it back (a graceful release).
+
+        The grant stays held, but its lease now ends ``wait`` seconds (float,
+        more than 0) from the store's now at the latest, and renewals no longer
+        extend it past that: the slot is free when the holder releases it, or
+        when the wait runs out. The holder learns it (``ReleaseRequested``) at
+        its next renewal or check, at once where the store can push (``watch``).
+        Returns 1, or 0 if the grant had already ended. Raises ``ValueError``
+        where the backend cannot do this (``releases_gracefully`` is False: this
+        default), and ``BackendUnavailable`` when the store cannot be reached.
+        """
+        raise ValueError(
+            f"Backend {self.alias!r} ({type(self).__name__}) cannot ask a holder to give its "
+            f"grant back; release it by force instead (the holder learns LockLost)."
+        )
+
+    def watch(
+        self, name: str, token: str, fence: int, notice: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``notice()`` (from another thread, with no arguments) when an operator
+        takes the grant (``name``, ``token``, ``fence``) away or asks for it back.
+
+        The holder's heartbeat watches each grant it renews, and renews at once
+        when told: a notice is only a hint, which the renewal confirms, so a
+        lost one costs no more than the wait for the next renewal. Returns the
+        function that ends the watch, or ``None`` where the store cannot push
+        (this default): the holder then learns at its next renewal or check.
+        """
+        return None
+
     def close(self) -> None:
         """Stop what the backend runs in the background (``backends.reset()``); most run none."""
         return None
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """Django system-check messages (``djlocks.E...``/``W...``) about this backend.
+
+        ``databases`` are the database aliases Django asks about: ``None`` for a
+        plain ``manage.py check`` or ``runserver``, the migrated or tested
+        aliases for ``migrate`` and ``test``. Checks of the configuration always
+        run; a check that queries a store runs only when Django asks about it
+        (a Redis store: whenever ``databases`` is not ``None``). This default
+        finds nothing to report.
+        """
+        return []
+
+
+#: The hint of ``djlocks.E006``, a backend on a database it cannot use.
+OTHER_DATABASE_HINT = (
+    "Point the backend's OPTIONS['using'] at a database it supports, or use the lease "
+    "backend, which works on SQLite, PostgreSQL and MySQL/MariaDB."
+)
+
+
+def unknown_database(backend: LockBackend, using: str) -> list[CheckMessage]:
+    """``djlocks.E005`` if ``using`` is not an alias of ``DATABASES``, else nothing."""
+    from django.db import connections
+
+    if using in connections:
+        return []
+    return [
+        Error(
+            f"djlocks backend {backend.alias!r} uses database {using!r}, which is not in "
+            f"DATABASES.",
+            hint="Set the backend's OPTIONS['using'] to an alias of DATABASES.",
+            id="djlocks.E005",
+        )
+    ]

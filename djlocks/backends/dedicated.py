@@ -16,10 +16,14 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.base import NO_DB_ALIAS, BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorWrapper
+from django.dispatch import receiver
 
 OnConnect = Callable[[BaseDatabaseWrapper], None]
+#: The settings that tell database servers apart.
+SERVER_KEYS = ("ENGINE", "HOST", "PORT")
 T = TypeVar("T")
 
 
@@ -66,7 +70,7 @@ class DedicatedConnections(threading.local):
 
     def get(self) -> BaseDatabaseWrapper:
         """Return this thread's open connection, opening it if needed."""
-        if self._wrapper is None or self._pid != os.getpid():
+        if self._wrapper is None or self._pid != os.getpid() or _is_stale(self._wrapper):
             self._wrapper = self.new_wrapper(self.using)
             self._pid = os.getpid()
         wrapper = self._wrapper
@@ -113,6 +117,20 @@ class DedicatedConnections(threading.local):
                 wrapper.close()
 
     @classmethod
+    def close_on_server(cls, server: BaseDatabaseWrapper) -> None:
+        """Close the connections to any database of ``server``'s engine, host and port."""
+        where = [server.settings_dict.get(key) for key in SERVER_KEYS]
+        with cls._every_thread_guard:
+            wrappers = [
+                wrapper
+                for wrapper in cls._every_thread
+                if [wrapper.settings_dict.get(key) for key in SERVER_KEYS] == where
+            ]
+        for wrapper in wrappers:
+            with contextlib.suppress(Exception):
+                wrapper.close()
+
+    @classmethod
     def close_this_thread(cls) -> None:
         """Close the connections the calling thread opened (e.g. before the thread ends)."""
         with cls._every_thread_guard:
@@ -139,3 +157,24 @@ def _with_multi_statements(options: dict[str, Any]) -> dict[str, Any]:
 def _close_quietly(connection: object) -> None:
     with contextlib.suppress(Exception):
         connection.close()  # type: ignore[attr-defined]
+
+
+def _is_stale(wrapper: BaseDatabaseWrapper) -> bool:
+    """True if Django's alias now names another database than ``wrapper`` connects to.
+
+    Only a test run changes a database's ``NAME``: to the test database and back.
+    """
+    return bool(wrapper.settings_dict["NAME"] != connections[wrapper.alias].settings_dict["NAME"])
+
+
+@receiver(connection_created)
+def _close_before_a_database_is_dropped(
+    sender: object, connection: BaseDatabaseWrapper, **kwargs: Any
+) -> None:
+    """Django connects to a server without a database only to create, clone or drop
+    one (a test database): close ours to that server first, since PostgreSQL refuses
+    ``DROP DATABASE`` while another session uses it. A closed connection reopens,
+    to the database its alias then names, when djlocks next needs it.
+    """
+    if connection.alias == NO_DB_ALIAS:
+        DedicatedConnections.close_on_server(connection)

@@ -15,6 +15,10 @@ and renewal are compare-and-act on the grant's random token.
   limit go through a short transaction that locks the name's slot rows
   (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), so the fence is
   one more than the largest fence of any slot of the name.
+* A forced release clears the grant's token; a graceful release's request sets
+  ``release_by`` (the operator's wait), past which renewals no longer extend
+  the lease. On PostgreSQL both ``NOTIFY`` the holders (``REVOKED``), whose
+  process listens (``push.PostgresListener``) and renews at once.
 """
 
 from __future__ import annotations
@@ -22,17 +26,19 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django.core.checks import CheckMessage, Error
 from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.base import (
+    OTHER_DATABASE_HINT,
     Abort,
     AcquireRequest,
     CooldownInfo,
@@ -40,11 +46,14 @@ from djlocks.backends.base import (
     HolderInfo,
     LockBackend,
     WaiterInfo,
+    unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.push import PostgresListener
+from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.conf import djlocks_settings
 from djlocks.events import Kind, events
-from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
+from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.keys import table_key
 
 if TYPE_CHECKING:
@@ -59,7 +68,10 @@ renew_log = logging.getLogger("djlocks.renew")
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
 CHANNEL = "djlocks_lease"  # PostgreSQL NOTIFY channel; the payload is the name_key
-NOTIFIED_POLL = 0.025  # seconds; where releases notify, polling is only the fallback (G5)
+#: PostgreSQL NOTIFY channel of forced releases and graceful releases' requests, which
+#: the holders listen on; the payload is "<name_key> <fence>" (see ``watch``).
+REVOKED = "djlocks_revoked"
+NOTIFIED_POLL = 0.025  # seconds; where releases notify, polling is only the fallback
 SHAPE_RECHECK = 1.0  # seconds between checks that a lock's rows exist with limit 1
 NEWCOMER = 2**62  # the ticket of a caller that is not queued: every live waiter is ahead
 HEAD_POLL_MIN = 0.001  # seconds; the head of the queue polls from here ...
@@ -161,8 +173,10 @@ class LeaseBackend(LockBackend):
 
     forced_release_effect = (
         "its lease is revoked at once and its fence superseded: the next holder gets a "
-        "higher fence, so the old holder's fenced writes are refused"
+        "higher fence, so the old holder's fenced writes are refused. On PostgreSQL the "
+        "holder hears of it at once (NOTIFY); elsewhere at its next renewal (every TTL/3)"
     )
+    releases_gracefully = True
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
@@ -172,6 +186,7 @@ class LeaseBackend(LockBackend):
         # name_key -> when (monotonic) its rows were last confirmed to be a lock's
         self._lock_shaped: dict[str, float] = {}
         self._dialect: Dialect | None = None
+        self._revocations = PostgresListener(self.using, REVOKED)  # listens once watched
 
     # -- connections -------------------------------------------------------
 
@@ -246,8 +261,24 @@ class LeaseBackend(LockBackend):
             raise BackendUnavailable(
                 "A lease on SQLite cannot be acquired inside transaction.atomic(): the "
                 "transaction already holds SQLite's single write lock, so the lease row "
-                "could never be written. Acquire the lock first, then open the transaction."
+                "could never be written. Acquire the lock first, then open the transaction. "
+                "Django's TestCase runs every test in a transaction: " + TESTING_HINT
             )
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """E005 an unknown database; on SQLite, E004 and W007 (``sqlite_checks``)."""
+        from django.db import connections
+
+        problems = unknown_database(self, self.using)
+        if problems:
+            return problems
+        try:
+            self.dialect  # noqa: B018  (refuses a database it does not support)
+        except BackendUnavailable as exc:
+            return [Error(str(exc), hint=OTHER_DATABASE_HINT, id="djlocks.E006")]
+        if connections[self.using].vendor != "sqlite":
+            return []
+        return lease_store_messages(self.alias, connections[self.using], databases)
 
     def _wait_in_queue(
         self,
@@ -323,7 +354,7 @@ class LeaseBackend(LockBackend):
             try:
                 connection = self._listeners.get().connection
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
-                    # A notification is only a hint (G5): the caller re-checks the store.
+                    # A notification is only a hint: the caller re-checks the store.
                     heard = list(connection.notifies(timeout=min(left, 0.05), stop_after=1))
                     if any(note.payload == key for note in heard):
                         break
@@ -398,7 +429,8 @@ class LeaseBackend(LockBackend):
         ident = request.identity
         sql = (
             f"UPDATE {SLOTS} SET token = %s, {d.fence_increment}, acquired_at = {d.now}, "
-            f"expires_at = {d.plus_seconds}, host = %s, pid = %s, thread = %s, label = %s "
+            f"expires_at = {d.plus_seconds}, release_by = NULL, host = %s, pid = %s, "
+            f"thread = %s, label = %s "
             f"WHERE name_key = %s AND slot = 0 AND slot_limit = 1 "
             f"AND (token IS NULL OR expires_at <= {d.now}) "
             f"AND (cooldown_until IS NULL OR cooldown_until <= {d.now}) "
@@ -476,8 +508,8 @@ class LeaseBackend(LockBackend):
             fence = max(int(row[3]) for row in rows) + 1
             cursor.execute(
                 f"UPDATE {SLOTS} SET token = %s, fence = %s, acquired_at = {d.now}, "
-                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, host = %s, pid = %s, "
-                f"thread = %s, label = %s WHERE name_key = %s AND slot = %s",
+                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, release_by = NULL, "
+                f"host = %s, pid = %s, thread = %s, label = %s WHERE name_key = %s AND slot = %s",
                 (
                     token,
                     fence,
@@ -584,7 +616,11 @@ class LeaseBackend(LockBackend):
             f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
         )
         released = self._run(
-            lambda db: self._execute(db, _notifying(sql, d), (d.seconds_param(cooldown), token))
+            lambda db: self._execute(
+                db,
+                _notifying(sql, d, waiters=True, holders=False),
+                (d.seconds_param(cooldown), token),
+            )
         )
         if released == 1:
             release_log.debug("released %s", name)
@@ -600,12 +636,15 @@ class LeaseBackend(LockBackend):
         raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
 
     def renew(self, name: str, token: str, ttl: float) -> datetime | None:
+        """Extend the lease ``ttl`` seconds from the database's now; raise ``LockLost`` if
+        it ended, and ``ReleaseRequested`` (after extending it no further than the
+        operator's wait) while an operator asks for it back."""
         d = self.dialect
 
         def extend(db: BaseDatabaseWrapper) -> tuple[int, datetime | None]:
             sql = (
                 f"UPDATE {SLOTS} SET expires_at = {d.plus_seconds} "
-                f"WHERE token = %s AND expires_at > {d.now}"
+                f"WHERE token = %s AND expires_at > {d.now} AND release_by IS NULL"
             )
             params = (d.seconds_param(ttl), token)
             with closing(db.create_cursor()) as cursor:
@@ -618,21 +657,61 @@ class LeaseBackend(LockBackend):
                 return int(cursor.rowcount), estimate
 
         renewed, expires_at = self._run(extend)
-        if renewed != 1:
-            raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
-        renew_log.debug("renewed %s until %s", name, expires_at)
-        return expires_at
+        if renewed == 1:
+            renew_log.debug("renewed %s until %s", name, expires_at)
+            return expires_at
+        standing = self._run(lambda db: self._extend_to_release_by(db, name, token, ttl))
+        if isinstance(standing, ReleaseRequested):
+            raise standing
+        if standing:  # a claim cleared release_by between the two statements: not this grant's
+            raise BackendUnavailable(f"The renewal of {name!r} raced with a claim; retry.")
+        raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
+
+    def _extend_to_release_by(
+        self, db: BaseDatabaseWrapper, name: str, token: str, ttl: float
+    ) -> bool | ReleaseRequested:
+        """Renew a grant an operator asked for back, no further than its ``release_by``;
+        then say where it stands (``_standing``)."""
+        d = self.dialect
+        until = d.seconds_param(ttl)
+        self._execute(
+            db,
+            f"UPDATE {SLOTS} SET expires_at = {_earlier('release_by', d.plus_seconds)} "
+            f"WHERE token = %s AND expires_at > {d.now} AND release_by IS NOT NULL",
+            (until, until, token),
+        )
+        return self._standing(db, name, token)
+
+    def _standing(self, db: BaseDatabaseWrapper, name: str, token: str) -> bool | ReleaseRequested:
+        """False if the grant ``token`` ended, True if it is live, or the
+        ``ReleaseRequested`` to raise while an operator asks for it back."""
+        now = self.dialect.now
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT release_by IS NOT NULL, expires_at, {now} FROM {SLOTS} "
+                f"WHERE token = %s AND expires_at > {now}",
+                (token,),
+            )
+            row = cursor.fetchone()
+        if row is None or not row[0]:
+            return row is not None
+        expires_at, store_now = _as_datetime(row[1]), _as_datetime(row[2])
+        assert expires_at is not None and store_now is not None
+        left = max(0.0, (expires_at - store_now).total_seconds())
+        return ReleaseRequested(
+            f"An operator asked for the grant of {name!r} back: its lease ends in "
+            f"{left:.1f} s at the latest.",
+            left,
+            expires_at,
+        )
 
     def is_held(self, name: str, token: str) -> bool:
-        def held(db: BaseDatabaseWrapper) -> bool:
-            with closing(db.create_cursor()) as cursor:
-                cursor.execute(
-                    f"SELECT 1 FROM {SLOTS} WHERE token = %s AND expires_at > {self.dialect.now}",
-                    (token,),
-                )
-                return cursor.fetchone() is not None
-
-        return self._run(held)
+        """True if the grant is live, False if it ended; raises ``ReleaseRequested``
+        while an operator asks for it back."""
+        standing = self._run(lambda db: self._standing(db, name, token))
+        if isinstance(standing, ReleaseRequested):
+            raise standing
+        return standing
 
     # -- introspection and forced release ----------------------------------
 
@@ -716,7 +795,7 @@ class LeaseBackend(LockBackend):
 
         Each expired grant is recorded as an ``expired`` event first. Slot rows
         themselves are kept: each remembers the last fence issued on it, and
-        deleting it would let a later grant reuse a fence (G3).
+        deleting it would let a later grant reuse a fence.
         """
         from djlocks.models import LeaseSlot
 
@@ -748,6 +827,8 @@ class LeaseBackend(LockBackend):
         return cooling[0] if cooling else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
+        """Revoke the grant ``token`` (or every grant) of ``name``; on PostgreSQL the
+        holders and the waiters hear of it at once (NOTIFY)."""
         sql = f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE name_key = %s"
         params: tuple[str, ...] = (table_key(name),)
         if token is not None:
@@ -755,20 +836,58 @@ class LeaseBackend(LockBackend):
             params += (token,)
         else:
             sql += " AND token IS NOT NULL"
-        return self._run(lambda db: self._execute(db, _notifying(sql, self.dialect), params))
+        revoking = _notifying(sql, self.dialect, waiters=True, holders=True)
+        return self._run(lambda db: self._execute(db, revoking, params))
+
+    def request_release(self, name: str, token: str, wait: float) -> int:
+        """Cut the lease to end ``wait`` seconds from the database's now at the latest
+        and note that end in ``release_by``, which renewals respect (see the base class);
+        on PostgreSQL the holder hears of it at once (NOTIFY)."""
+        d = self.dialect
+        until = d.seconds_param(wait)
+        sql = (
+            f"UPDATE {SLOTS} SET release_by = {_earlier('release_by', d.plus_seconds)}, "
+            f"expires_at = {_earlier('expires_at', d.plus_seconds)} "
+            f"WHERE name_key = %s AND token = %s AND expires_at > {d.now}"
+        )
+        revoking = _notifying(sql, d, waiters=False, holders=True)
+        params = (until, until, until, until, table_key(name), token)
+        return self._run(lambda db: self._execute(db, revoking, params))
+
+    def watch(
+        self, name: str, token: str, fence: int, notice: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """On PostgreSQL, ``notice`` is called when a forced release or a graceful
+        release's request of this grant is notified; elsewhere the store cannot push."""
+        if not self.dialect.notifies:
+            return None
+        return self._revocations.watch(f"{table_key(name)} {fence}", notice)
+
+    def close(self) -> None:
+        self._revocations.close()
 
 
-def _notifying(update: str, dialect: Dialect) -> str:
-    """Make a releasing ``UPDATE`` also wake the waiters (PostgreSQL NOTIFY, same round trip).
+def _notifying(update: str, dialect: Dialect, *, waiters: bool, holders: bool) -> str:
+    """Make an ``UPDATE`` of grants also tell, in the same round trip (PostgreSQL NOTIFY),
+    the ``waiters`` (``CHANNEL``, the name_key) when it freed slots, and the ``holders``
+    (``REVOKED``, "<name_key> <fence>") when it took grants away or asked them back.
 
-    The statement still reports one row per released slot.
+    The statement still reports one row per grant it changed.
     """
     if not dialect.notifies:
         return update
+    notices = [f"pg_notify('{CHANNEL}', name_key)"] if waiters else []
+    notices += [f"pg_notify('{REVOKED}', name_key || ' ' || fence)"] if holders else []
     return (
-        f"WITH released AS ({update} RETURNING name_key) "
-        f"SELECT pg_notify('{CHANNEL}', name_key) FROM released"
+        f"WITH changed AS ({update} RETURNING name_key, fence) "
+        f"SELECT {', '.join(notices)} FROM changed"
     )
+
+
+def _earlier(column: str, moment: str) -> str:
+    """SQL for the earlier of ``column`` (a moment or NULL) and ``moment`` (SQL that
+    takes one parameter, such as ``Dialect.plus_seconds``, given twice)."""
+    return f"CASE WHEN {column} IS NOT NULL AND {column} < {moment} THEN {column} ELSE {moment} END"
 
 
 @contextmanager

@@ -25,7 +25,10 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from django.core import checks
+from django.core.checks import CheckMessage, Error
 from django.db import DatabaseError
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import WaiterInfo
 from djlocks.backends.session import Key, Session, SessionBackend, owner_described
@@ -41,6 +44,18 @@ WAITING_CALL = re.compile(r"GET_LOCK\('((?:[^'\\]|\\.)*)'")
 COMMENT = re.compile(r"/\* (djlocks .*?) \*/", re.DOTALL)
 
 
+def sql_comment(description: str) -> str:
+    """``description`` (``session.describe``) as the ``/* ... */`` comment that names a
+    waiting statement in the process list, for a query run with parameters.
+
+    The description holds a label, which is anyone's text: a ``*/`` in it would end
+    the comment (it becomes ``* /``), and each ``%`` is doubled because the driver
+    formats a query that has parameters with ``%`` (``date +%Y`` would raise).
+    ``COMMENT`` reads it back; what follows it is the statement itself.
+    """
+    return "/* " + description.replace("*/", "* /").replace("%", "%%") + " */"
+
+
 class GetLockBackend(SessionBackend):
     """Locks and semaphores on MySQL/MariaDB ``GET_LOCK``."""
 
@@ -49,6 +64,37 @@ class GetLockBackend(SessionBackend):
 
     def key(self, name: str, slot: int | str | None = None) -> str:
         return mysql_key(name, slot)
+
+    def server_messages(self, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+        """E007 GET_LOCK under Galera, which does not replicate it; W001 statement-based
+        binary logging, for which MySQL marks GET_LOCK unsafe."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SHOW VARIABLES WHERE Variable_name IN ('wsrep_on', 'binlog_format', 'log_bin')"
+            )
+            variables = {name.lower(): str(value).upper() for name, value in cursor.fetchall()}
+        messages: list[CheckMessage] = []
+        if variables.get("wsrep_on") == "ON":
+            messages.append(
+                Error(
+                    f"djlocks backend {self.alias!r} uses GET_LOCK on a Galera cluster "
+                    f"(wsrep_on=ON), where GET_LOCK is not replicated: two nodes would grant "
+                    f"the same lock.",
+                    hint="Use the lease backend on Galera.",
+                    id="djlocks.E007",
+                )
+            )
+        if variables.get("log_bin") == "ON" and variables.get("binlog_format") == "STATEMENT":
+            messages.append(
+                checks.Warning(
+                    f"djlocks backend {self.alias!r} uses GET_LOCK with "
+                    f"binlog_format=STATEMENT; MySQL marks GET_LOCK unsafe for "
+                    f"statement-based replication.",
+                    hint="Use binlog_format=ROW or MIXED.",
+                    id="djlocks.W001",
+                )
+            )
+        return messages
 
     def _prepare(self, session: Session) -> None:
         idle_limit = max(60, math.ceil(float(djlocks_settings()["TTL"])))
@@ -61,8 +107,9 @@ class GetLockBackend(SessionBackend):
         while True:
             wait = FOREVER if seconds is None else seconds
             try:
-                comment = identity.replace("%", "%%")  # the driver formats the query with %
-                row = session.execute(f"SELECT /* {comment} */ GET_LOCK(%s, %s)", (key, wait))
+                row = session.execute(
+                    f"SELECT {sql_comment(identity)} GET_LOCK(%s, %s)", (key, wait)
+                )
             except DatabaseError as exc:
                 if exc.args and exc.args[0] in DEADLOCK_ERRORS:
                     raise LockDeadlock(f"MySQL refused a wait that would deadlock: {exc}") from exc
@@ -118,7 +165,9 @@ class GetLockBackend(SessionBackend):
         )
         calls = []
         for connection_id, elapsed_ms, query in rows:
-            call, comment = WAITING_CALL.search(query), COMMENT.search(query)
+            comment = COMMENT.search(query)
+            # The call is read after the comment: a label could spell GET_LOCK('...' too.
+            call = None if comment is None else WAITING_CALL.search(query, comment.end())
             if call is not None and comment is not None:
                 since = now - timedelta(milliseconds=float(elapsed_ms))
                 calls.append((int(connection_id), call.group(1), comment.group(1), since))

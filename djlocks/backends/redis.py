@@ -2,7 +2,7 @@
 
 Each operation is one Lua script (``djlocks/backends/lua/``), loaded once and
 called by SHA (redis-py's ``Script``), so every decision is atomic and judged
-by Redis's own clock: a lease is a hash whose ``PEXPIRE`` Redis enforces.
+by Redis's own clock: a lease is a key whose ``PX`` expiry Redis enforces.
 This follows the single-instance lock pattern of the Redis documentation
 (``SET`` with ``PX`` and a random value; compare-and-delete in a script)
 and adds what that pattern lacks: semaphore slots, a fair queue, fences,
@@ -17,7 +17,11 @@ cool-downs and the holder's identity.
   process's channel (``redis_wakeups``): the waiter needs no further round
   trip. Waiters also retry every ``POLL_INTERVAL`` seconds at most, and when
   the soonest lease or cool-down ends, and find a hand-off whose message was
-  lost in their record: a lost wake-up costs one poll (G5).
+  lost in their record: a lost wake-up costs one poll, never a stranded waiter.
+* A forced release, and a graceful release's request (which caps the lease
+  at the operator's wait; renewals respect the cap), publish the grant on the
+  revocations channel, where every holding process listens
+  (``push.RedisListener``): the holder renews at once and so hears of it.
 * The fence is one more than the name's last fence and never below Redis's
   clock in microseconds, so it keeps rising when Redis restarts empty. The
   first renewal stamps Redis's run id on the grant: a grant restored from
@@ -36,17 +40,19 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from django.core import checks
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from redis.commands.core import Script
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from djlocks.backends.base import (
     Abort,
@@ -58,9 +64,10 @@ from djlocks.backends.base import (
     WaiterInfo,
     seconds_left,
 )
+from djlocks.backends.push import RedisListener
 from djlocks.backends.redis_wakeups import WakeListener
 from djlocks.conf import djlocks_settings
-from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost
+from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.identity import Identity
 from djlocks.keys import redis_meta_key
 
@@ -73,6 +80,7 @@ SCRIPTS = (
     "renew",
     "leave",
     "force_release",
+    "request_release",
     "describe",
     "set_cooldown",
     "sweep",
@@ -80,7 +88,7 @@ SCRIPTS = (
 PREFIX_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:")
 SCAN_BATCH = 1000
 GRANTED, WAITING, LIMIT_MISMATCH = 1, 0, -1
-ENDED, RESTARTED = 0, -2
+ENDED, RESTARTED, RELEASE_REQUESTED = 0, -2, 3
 
 
 @cache
@@ -150,9 +158,10 @@ class RedisBackend(LockBackend):
 
     forced_release_effect = (
         "its lease key is deleted at once and the next holder gets a higher fence, so the "
-        "old holder's fenced writes are refused; the old holder learns it at its next "
-        "renewal or check"
+        "old holder's fenced writes are refused; the old holder hears of it at once "
+        "(pub/sub), or at its next renewal or check if that message is lost"
     )
+    releases_gracefully = True
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
@@ -166,6 +175,44 @@ class RedisBackend(LockBackend):
         self._client: Redis | None = None
         self._scripts: dict[str, Script] = {}
         self._wakeups = WakeListener(self.redis, self.prefix)
+        #: Where forced releases and graceful releases' requests tell holders (``watch``).
+        self.revocations = f"{self.prefix}:revoked"
+        self._revocations = RedisListener(self.redis, self.revocations)
+
+    # -- system checks -------------------------------------------------------
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """When Django asks about databases: E008 a cache that is not django-redis,
+        W005 Redis cannot be reached, W004 an eviction policy that may delete leases."""
+        if databases is None:
+            return []
+        try:
+            policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
+        except ImproperlyConfigured as exc:
+            hint = "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is " + repr(
+                "django_redis.cache.RedisCache"
+            )
+            return [Error(str(exc), hint=hint + ".", id="djlocks.E008")]
+        except ResponseError:
+            return []  # CONFIG is disabled (managed Redis): the policy cannot be read
+        except RedisError as exc:
+            return [
+                checks.Warning(
+                    f"djlocks backend {self.alias!r} cannot reach Redis: {exc}",
+                    hint="Start redis-server, or fix the cache's LOCATION.",
+                    id="djlocks.W005",
+                )
+            ]
+        if policy in (None, "noeviction"):
+            return []
+        return [
+            checks.Warning(
+                f"djlocks backend {self.alias!r}: Redis evicts keys (maxmemory-policy="
+                f"{policy}) when it is full, and an evicted lease is a lock granted twice.",
+                hint="Set maxmemory-policy noeviction, or give locks a Redis of their own.",
+                id="djlocks.W004",
+            )
+        ]
 
     # -- the connection and the scripts -----------------------------------
 
@@ -319,8 +366,19 @@ class RedisBackend(LockBackend):
         return True
 
     def _renew(self, name: str, token: str, ttl_ms: int) -> int:
+        """Renew (``ttl_ms`` 0: only check); return the new expiry (ms). Raises
+        ``LockLost`` if the grant ended, ``ReleaseRequested`` while an operator asks
+        for it back."""
         secret, slot = _split_token(token)
         reply = self._run("renew", name, secret, slot, ttl_ms)
+        if int(reply[0]) == RELEASE_REQUESTED:
+            left = int(reply[2]) / 1000
+            raise ReleaseRequested(
+                f"An operator asked for the grant of {name!r} back: its lease ends in "
+                f"{left:.1f} s at the latest.",
+                left,
+                _moment(reply[1]),
+            )
         if int(reply[0]) == ENDED:
             raise LockLost(
                 f"The lease on {name!r} had ended: it expired, was released by force, or "
@@ -424,8 +482,24 @@ class RedisBackend(LockBackend):
         return _moment(until) if until else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
+        """Delete the lease of ``token`` (or every lease) of ``name``; each holder is
+        told at once on the revocations channel."""
         secret = _split_token(token)[0] if token else ""
-        return int(self._run("force_release", name, secret))
+        return int(self._run("force_release", name, secret, self.revocations))
+
+    def request_release(self, name: str, token: str, wait: float) -> int:
+        """Cut the lease to end ``wait`` seconds from Redis's now at the latest; renewals
+        stop there and the holder is told at once (see the base class)."""
+        return int(
+            self._run("request_release", name, _split_token(token)[0], _ms(wait), self.revocations)
+        )
+
+    def watch(
+        self, name: str, token: str, fence: int, notice: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """``notice`` is called when a forced release or a graceful release's request of
+        this grant is published on the revocations channel."""
+        return self._revocations.watch(f"{redis_meta_key(self.prefix, name)} {fence}", notice)
 
     def sweep(self) -> dict[str, int]:
         """Drop dead waiters from every queue.
@@ -439,3 +513,4 @@ class RedisBackend(LockBackend):
 
     def close(self) -> None:
         self._wakeups.close()
+        self._revocations.close()

@@ -8,7 +8,7 @@ time-out exact (Redis times out blocked commands only on its ``hz`` tick,
 100 ms by default) and costs one connection per process, not one per waiter.
 
 A wake-up is a hint: waiters also poll, so a message lost while the
-subscription reconnects delays a waiter by one poll, never strands it (G5).
+subscription reconnects delays a waiter by one poll, never strands it.
 The thread stops by itself after ``IDLE_STOP`` seconds without a waiter.
 """
 

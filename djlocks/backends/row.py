@@ -3,7 +3,7 @@
 ``with transaction.atomic(): with db_lock("account:7", backend="row"): ...``
 locks a djlocks row with ``SELECT ... FOR UPDATE`` in the caller's own
 transaction. The commit or rollback of that transaction unlocks it, so the
-lock always covers the commit of what it guards (RELIABILITY.md G11), and a
+lock always covers the commit of what it guards, and a
 holder that crashes or loses its connection frees it at once. Releasing early
 is impossible by design: leaving the ``with`` block (or ``release()``) ends
 the handle's grant, and the row stays locked until the transaction ends. Used
@@ -35,7 +35,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,9 +43,11 @@ from functools import cached_property
 from types import TracebackType
 from typing import Any
 
+from django.core.checks import CheckMessage, Error
 from django.db import InterfaceError, OperationalError, connections, transaction
 
 from djlocks.backends.base import (
+    OTHER_DATABASE_HINT,
     Abort,
     AcquireRequest,
     CooldownInfo,
@@ -54,6 +56,7 @@ from djlocks.backends.base import (
     LockBackend,
     WaiterInfo,
     seconds_left,
+    unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.row_dialect import RowDialect
@@ -111,6 +114,18 @@ class RowLockBackend(LockBackend):
             f"djlocks backend {self.alias!r}: row locks need PostgreSQL, MySQL/MariaDB or "
             f"SQLite, and database {self.using!r} is {vendor}."
         )
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """E005 an unknown database; then what the database's dialect finds
+        (W002 on SQLite, W003 on MySQL when Django asks about the database)."""
+        problems = unknown_database(self, self.using)
+        if problems:
+            return problems
+        try:
+            dialect = self.dialect
+        except BackendUnavailable as exc:
+            return [Error(str(exc), hint=OTHER_DATABASE_HINT, id="djlocks.E006")]
+        return dialect.check_messages(databases is not None and self.using in databases)
 
     # -- acquire, release, renew, check ------------------------------------
 

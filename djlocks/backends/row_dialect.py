@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
+from django.core.checks import CheckMessage
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
@@ -94,6 +95,13 @@ class RowDialect(ABC):
 
     @abstractmethod
     def kill(self, name: str, token: str | None) -> int: ...
+
+    def check_messages(self, query: bool) -> list[CheckMessage]:
+        """System-check messages about this database; ``query`` allows asking the server.
+
+        None by default.
+        """
+        return []
 
 
 class ServerRowDialect(RowDialect):

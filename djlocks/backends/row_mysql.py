@@ -31,10 +31,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core import checks
+from django.core.checks import CheckMessage
 from django.db import DatabaseError, OperationalError, connections, transaction
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
-from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL
+from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL, sql_comment
 from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect
 from djlocks.backends.session import describe, queue_order
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
@@ -55,6 +57,25 @@ class MySQLRows(ServerRowDialect):
         "AND t.trx_started <= CONVERT_TZ(h.acquired_at, '+00:00', @@session.time_zone)))"
     )
 
+    def check_messages(self, query: bool) -> list[CheckMessage]:
+        """W003: with innodb_rollback_on_timeout a timed-out row lock rolls back the
+        caller's whole transaction, not just the waiting statement."""
+        if not query:
+            return []
+        with connections[self.using].cursor() as cursor:
+            cursor.execute("SELECT @@GLOBAL.innodb_rollback_on_timeout")
+            rolls_back = bool(int(cursor.fetchone()[0]))
+        if not rolls_back:
+            return []
+        return [
+            checks.Warning(
+                f"djlocks backend {self.alias!r}: innodb_rollback_on_timeout is ON, so a "
+                f"row lock that times out rolls the caller's whole transaction back.",
+                hint="Turn innodb_rollback_on_timeout off (the default).",
+                id="djlocks.W003",
+            )
+        ]
+
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
     ) -> Claim | None:
@@ -66,7 +87,8 @@ class MySQLRows(ServerRowDialect):
         )
         try:
             cursor.execute(
-                f"SELECT /* {describe(request)} */ slot, CONNECTION_ID() FROM djlocks_row_lock "
+                f"SELECT {sql_comment(describe(request))} slot, CONNECTION_ID() "
+                f"FROM djlocks_row_lock "
                 f"WHERE name_key = %s AND slot = %s FOR UPDATE",
                 (table_key(request.name), slot),
             )
@@ -92,7 +114,7 @@ class MySQLRows(ServerRowDialect):
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
         cursor.execute(
-            f"SELECT /* {describe(request)} */ GET_LOCK(%s, %s)",
+            f"SELECT {sql_comment(describe(request))} GET_LOCK(%s, %s)",
             (mysql_key(request.name, ROW_GATE), FOREVER if seconds is None else seconds),
         )
         return bool(cursor.fetchone()[0])
@@ -153,7 +175,9 @@ class MySQLRows(ServerRowDialect):
             comment = COMMENT.search(query)
             if comment is not None:
                 since = now - timedelta(milliseconds=float(elapsed_ms))
-                waiting.append((_waited_name(query, names, gates), comment.group(1), since))
+                # The statement is read after the comment, whose label is anyone's text.
+                statement = query[comment.end() :]
+                waiting.append((_waited_name(statement, names, gates), comment.group(1), since))
         return queue_order(self.alias, waiting)
 
 

@@ -31,6 +31,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from django.core import checks
+from django.core.checks import CheckMessage
 from django.db import OperationalError, connections
 
 from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
@@ -47,6 +49,19 @@ DEADLINE_SLACK = 0.05
 
 
 class SQLiteRows(RowDialect):
+    def check_messages(self, query: bool) -> list[CheckMessage]:
+        """W002: SQLite has no row locks, only its one write lock."""
+        return [
+            checks.Warning(
+                f"djlocks backend {self.alias!r} takes row locks on SQLite, which has none: "
+                f"each lock is the database's one write lock (one holder at a time, "
+                f"whatever the name), semaphores are refused, and holders, waiters and "
+                f"history are not visible.",
+                hint="Use the lease backend on SQLite, or a server database for row locks.",
+                id="djlocks.W002",
+            )
+        ]
+
     def claim(
         self,
         request: AcquireRequest,

@@ -6,8 +6,8 @@ fences or of who the holder is. Right after the server grants, djlocks writes
 both on its own autocommit connection: the fence counter of the name goes up
 by one and the slot's holder row is overwritten. A fence written there is
 durable and is never handed out again, even if the caller's transaction rolls
-back (G3). Whether a holder row is live is always the server's word, never
-the row's.
+back: fences rise and are never reused. Whether a holder row is live is always
+the server's word, never the row's.
 """
 
 from __future__ import annotations

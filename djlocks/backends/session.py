@@ -2,11 +2,11 @@
 
 ``GET_LOCK`` (MySQL/MariaDB) and ``pg_advisory_lock`` (PostgreSQL) belong to
 the server session that took them, and the server frees them the moment that
-session ends, so a crashed holder can never leak one (G4). The subclasses in
+session ends, so a crashed holder can never leak one. The subclasses in
 ``djlocks.backends.mysql`` and ``djlocks.backends.postgresql`` give the SQL;
 this module gives the rules that keep them honest:
 
-* Every grant has its own connection, opened and owned by djlocks (G10):
+* Every grant has its own connection, opened and owned by djlocks:
   never the request's or the caller's transaction's, never shared by two
   holders (both servers let one session take the same lock twice, so two
   holders on one connection would both get in), never used after ``fork()``.
@@ -47,17 +47,19 @@ import re
 import secrets
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import (
+    OTHER_DATABASE_HINT,
     Abort,
     AcquireRequest,
     CooldownInfo,
@@ -66,8 +68,10 @@ from djlocks.backends.base import (
     LockBackend,
     WaiterInfo,
     seconds_left,
+    unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.push import ClosedSockets
 from djlocks.backends.server_records import (
     SESSION_TABLES,
     known_names,
@@ -142,7 +146,8 @@ class SessionBackend(LockBackend):
     vendor: str
     forced_release_effect = (
         "its dedicated database connection is terminated, so the server frees the lock at "
-        "once; the holder's next check, renewal or release raises LockLost"
+        "once; the holder hears of it at once (the server closes that connection), or at "
+        "its next keep-alive (every TTL/3)"
     )
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
@@ -153,6 +158,47 @@ class SessionBackend(LockBackend):
         self._guard = threading.Lock()
         self._pid = os.getpid()
         self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
+
+    # -- system checks -------------------------------------------------------
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """E005 an unknown database; E006 a database of another vendor; and, when
+        Django asks about the database, the server's own settings (``server_messages``)
+        and E009 server sessions shared between clients by a pooler."""
+        problems = unknown_database(self, self.using)
+        if problems:
+            return problems
+        connection = connections[self.using]
+        if connection.vendor != self.vendor:
+            return [
+                Error(
+                    f"djlocks backend {self.alias!r} ({type(self).__name__}) needs a "
+                    f"{self.vendor} database, but {self.using!r} is {connection.vendor}.",
+                    hint=OTHER_DATABASE_HINT,
+                    id="djlocks.E006",
+                )
+            ]
+        if databases is None or self.using not in databases:
+            return []
+        messages = self.server_messages(connection)
+        try:
+            problem = self.shared_session_problem()
+        except BackendUnavailable:
+            return messages  # a server that is down is reported when a lock is taken
+        if problem is not None:
+            messages.append(
+                Error(
+                    problem,
+                    hint="Session locks need a server session of their own: connect "
+                    "directly, or through a PgBouncer pool with pool_mode = session.",
+                    id="djlocks.E009",
+                )
+            )
+        return messages
+
+    def server_messages(self, connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+        """Check messages about the server's settings, read on ``connection``; none here."""
+        return []
 
     # -- what each server does differently ---------------------------------
 
@@ -231,9 +277,10 @@ class SessionBackend(LockBackend):
 
         A pooler in transaction or statement mode (PgBouncer's ``pool_mode``)
         returns a client's server session to its pool after each transaction,
-        so the next client gets it, session locks included (RELIABILITY.md G10,
-        item 16). Asks a second connection, opened while ``session`` (or a new
-        one) is open, for its server connection id, three times in turn: a
+        so the next client gets it, session locks included: such a pooler is
+        refused for session locks. Asks a second connection, opened while
+        ``session`` (or a new one) is open, for its server connection id, three
+        times in turn: a
         direct connection or a session-mode pool never gives two open clients
         the same id; PgBouncer, which hands out its most recently used server
         connection, gives the second client the first one's.
@@ -311,9 +358,9 @@ class SessionBackend(LockBackend):
         out may be gone while its session still waits in the server, which
         notices a vanished client only when it next writes to it (PostgreSQL
         without ``client_connection_check_interval``), so the session would be
-        granted the lock and hold it for nobody (RELIABILITY.md item 13). It is
-        killed from another session; if the server cannot be reached, it ends
-        the session itself once it sees the connection closed.
+        granted the lock and hold it for nobody. It is killed from another
+        session; if the server cannot be reached, it ends the session itself
+        once it sees the connection closed.
         """
         with contextlib.suppress(BackendUnavailable, DatabaseError), self._side_session() as side:
             self._kill(side, session.connection_id, None)
@@ -368,9 +415,11 @@ class SessionBackend(LockBackend):
             raise BackendUnavailable(
                 f"{request.name!r}: a session lock taken inside transaction.atomic() would "
                 f"be released before the transaction commits, so other processes could "
-                f"act on data it has not committed yet (RELIABILITY.md G11). Take the lock "
-                f"outside: `with db_lock(...): with transaction.atomic(): ...`, or use the "
-                f"row backend, whose lock ends with the transaction."
+                f"act on data it has not committed yet (a lock must cover the commit). Take "
+                f"the lock outside: `with db_lock(...): with transaction.atomic(): ...`, or "
+                f"use the row backend, whose lock ends with the transaction. In tests, "
+                f"Django's TestCase runs each test in a transaction: use TransactionTestCase, "
+                f"or djlocks.testing.use_locmem_backends()."
             )
         if request.cooldown:
             raise ValueError(
@@ -528,6 +577,17 @@ class SessionBackend(LockBackend):
             raise LockLost(f"The session holding {name!r} ended or no longer holds it.")
         return None  # a session grant has no expiry
 
+    def watch(
+        self, name: str, token: str, fence: int, notice: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """``notice`` is called when the server closes the grant's session (a forced
+        release kills it; so does an administrator, or the server's idle time-out)."""
+        with self._guard:
+            held = self._held.get(token)
+        if held is None or not _closed_sockets.supported:
+            return None
+        return _closed_sockets.watch(token, held.session.wrapper.connection.fileno(), notice)
+
     def is_held(self, name: str, token: str) -> bool:
         with self._guard:
             held = self._held.get(token)
@@ -633,13 +693,18 @@ def _nothing() -> Iterator[None]:
     yield
 
 
+#: Watches the sessions of every session backend of the process (see ``watch``).
+_closed_sockets = ClosedSockets()
+
+
 def describe(request: AcquireRequest) -> str:
     """Who waits, as the server's process list shows it (``parse_description`` reads it):
-    ``djlocks <pid>.<thread id>@<host> <label>``."""
+    ``djlocks <pid>.<thread id>@<host> <label>``. Plain text: MySQL puts it in SQL
+    through ``mysql.sql_comment``, PostgreSQL in ``application_name`` as a parameter."""
     who = request.identity
     tid = owner_of(who.host, who.pid, who.thread)
     thread = "" if tid is None else f".{tid[2]}"
-    return f"djlocks {who.pid}{thread}@{who.host} {who.label}".replace("*/", "* /")
+    return f"djlocks {who.pid}{thread}@{who.host} {who.label}"
 
 
 def parse_description(text: str) -> tuple[str, int, str]:

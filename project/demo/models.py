@@ -2,7 +2,8 @@ from django.db import models
 
 
 class FencedCounter(models.Model):
-    """A resource protected by fencing: the demo and the tests' oracle O3."""
+    """A resource protected by fencing: for the demo, and for the tests' check that only
+    the newest holder's writes land."""
 
     name = models.CharField(max_length=100, unique=True)
     value = models.IntegerField(default=0)

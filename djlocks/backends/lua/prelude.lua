@@ -6,6 +6,8 @@
 -- a waiter's record "w:<secret>" (a waiter's id is its grant's secret) is
 -- "<channel>\n<since ms>\n<ttl ms>\n<identity JSON>" while it waits and
 -- "granted\n<slot>\n<fence>\n<expires ms>" once a release handed it a slot.
+-- "a:<secret>" exists while an operator asks the holder of that grant to give it
+-- back (a graceful release); it expires when the operator's wait ends.
 local meta = KEYS[1]
 local base = string.sub(meta, 1, -2)
 local queue = base .. 'q'
@@ -13,6 +15,7 @@ local queue = base .. 'q'
 local function slot_key(i) return base .. 's:' .. i end
 local function cool_key(i) return base .. 'c:' .. i end
 local function waiter_key(id) return base .. 'w:' .. id end
+local function asked_key(id) return base .. 'a:' .. id end
 
 -- Redis's own clock: milliseconds and microseconds since the epoch.
 local function clock()

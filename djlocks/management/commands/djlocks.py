@@ -4,25 +4,59 @@ from __future__ import annotations
 
 import json
 import sys
-from argparse import ArgumentParser
+import time
+from argparse import SUPPRESS, ArgumentParser
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
-from djlocks.arguments import validate_name
+from djlocks.arguments import printable, validate_name, validate_text
 from djlocks.backends import backends
+from djlocks.backends.base import HolderInfo
 from djlocks.backends.session import SessionBackend
 from djlocks.events import events
-from djlocks.inspection import Snapshot, force_release, snapshot
+from djlocks.exceptions import BackendUnavailable
+from djlocks.inspection import (
+    GRACEFUL_WAIT,
+    Snapshot,
+    force_release,
+    request_release,
+    snapshot,
+)
 from djlocks.keys import GATE, table_key
+from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, run_stress
 
 USAGE_ERROR = 2
+#: Seconds between looks at the store while a graceful release waits for the holders.
+GRACEFUL_POLL = 0.1
+#: Options every management command takes; accepted after the subcommand too.
+DJANGO_FLAGS = ("--traceback", "--no-color", "--force-color", "--skip-checks")
+DJANGO_VALUES = ("--settings", "--pythonpath")
 
 
 class Command(BaseCommand):
-    help = "Inspect djlocks' locks and semaphores, release them by force, sweep, stress-test."
+    """``djlocks list|show|release|key|sweep|stress``; see ``help``.
+
+    Exit status: 0; 2 for bad usage (a name that is empty, longer than 255
+    characters, or holds NUL or bytes that were not UTF-8; an unknown backend);
+    69 (EX_UNAVAILABLE) from ``list`` and ``show`` when a store could not be
+    asked, after printing what the reachable stores hold, and from ``release``
+    when a store failed part-way (the grants released before it are recorded,
+    and their number printed); 1 for other failures.
+    Names, labels, hosts and threads are printed with control characters
+    escaped (``\\x1b``, ``\\n``), so none can drive the terminal; ``--json``
+    escapes them as JSON does.
+    """
+
+    help = (
+        "Inspect djlocks' locks and semaphores, release them by force, sweep, stress-test. "
+        f"Exit status: {USAGE_ERROR} for bad usage; {EXIT_UNAVAILABLE} from list and show "
+        "when a store could not be asked (the reachable ones are still shown), and from "
+        "release when a store failed part-way."
+    )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         subcommands = parser.add_subparsers(dest="subcommand", required=True)
@@ -39,7 +73,9 @@ class Command(BaseCommand):
 
         releasing = subcommands.add_parser(
             "release",
-            help="Take a name's grants away by force; each holder learns LockLost.",
+            help="Take a name's grants away by force; each holder learns LockLost, and the "
+            "next waiter may start while the old holder still runs. With --graceful, ask "
+            "the holders to give them back instead.",
         )
         releasing.add_argument("name")
         releasing.add_argument("--backend", default=None, help="Only this backend alias.")
@@ -52,6 +88,21 @@ class Command(BaseCommand):
         )
         releasing.add_argument("--reason", default="", help="Recorded with the release.")
         releasing.add_argument("--yes", action="store_true", help="Do not ask for confirmation.")
+        releasing.add_argument(
+            "--graceful",
+            action="store_true",
+            help="Ask each holder to stop and give its grant back (a runlocked holder stops "
+            "its command); the slot stays held until it has, or until --wait runs out, so "
+            "the next waiter never starts while the old holder still runs. Waits for that.",
+        )
+        releasing.add_argument(
+            "--wait",
+            type=float,
+            default=None,
+            metavar="S",
+            help=f"With --graceful: seconds the holders get (default {GRACEFUL_WAIT:g}); the "
+            f"store ends their leases then.",
+        )
 
         keying = subcommands.add_parser(
             "key", help="The key a name has in the store, for scripts using mysql or psql."
@@ -87,11 +138,17 @@ class Command(BaseCommand):
         stress.add_argument(
             "--json", action="store_true", dest="as_json", help="End with one JSON line."
         )
+        for subcommand in subcommands.choices.values():
+            _accept_django_options(subcommand)
 
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         try:
             if options.get("backend"):
                 backends[options["backend"]]  # an unknown alias fails here, listing the known
+            if "name" in options:
+                validate_name(options["name"])
+            if "reason" in options:
+                validate_text(options["reason"], "--reason")
             getattr(self, subcommand)(**options)
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
@@ -109,30 +166,42 @@ class Command(BaseCommand):
         )
 
     def _print(self, found: Snapshot, as_json: bool, *, nothing: str) -> None:
+        """Print ``found``; raise ``CommandError`` (exit 69) if a store could not be asked."""
         for alias, reason in found.unavailable.items():
-            self.stderr.write(f"backend {alias!r} could not be asked: {reason}")
+            self._say(f"backend {alias!r} could not be asked: {reason}", self.stderr)
         if as_json:
             self.stdout.write(json.dumps(found.as_json(), default=str))
-            return
+        else:
+            self._print_lines(found, nothing)
+        if found.unavailable:
+            raise CommandError(
+                f"{len(found.unavailable)} store(s) could not be asked; the others are shown.",
+                returncode=EXIT_UNAVAILABLE,
+            )
+
+    def _print_lines(self, found: Snapshot, nothing: str) -> None:
         for h in found.holders:
             expiry = "session" if h.expires_at is None else f"{h.expires_at:%H:%M:%S}"
             connection = "" if h.connection_id is None else f"  connection {h.connection_id}"
-            self.stdout.write(
+            self._say(
                 f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {h.fence}  "
                 f"{h.host}:{h.pid} {h.thread}  since {h.since:%Y-%m-%d %H:%M:%S}  "
                 f"expires {expiry}{connection}  {h.label}"
             )
         for w in found.waiters:
-            self.stdout.write(
+            self._say(
                 f"{w.backend}  {w.name}  waiter #{w.position}  {w.host}:{w.pid} {w.thread}  "
                 f"since {w.since:%Y-%m-%d %H:%M:%S}  {w.label}"
             )
         for c in found.cooldowns:
-            self.stdout.write(
-                f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {c.until:%H:%M:%S}"
-            )
+            self._say(f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {c.until:%H:%M:%S}")
         if found.empty and not found.unavailable:
-            self.stdout.write(nothing)
+            self._say(nothing)
+
+    def _say(self, line: str, stream: OutputWrapper | None = None) -> None:
+        """Write ``line`` with its control characters escaped: names, labels, hosts and
+        threads are anyone's text, and must not drive the operator's terminal."""
+        (stream or self.stdout).write(printable(line))
 
     # -- release -------------------------------------------------------------
 
@@ -144,8 +213,15 @@ class Command(BaseCommand):
         holder: int | None,
         reason: str,
         yes: bool,
+        graceful: bool,
+        wait: float | None,
         **unused: Any,
     ) -> None:
+        if wait is not None and not graceful:
+            raise CommandError(
+                "--wait is the time a graceful release gives the holders: add --graceful.",
+                returncode=USAGE_ERROR,
+            )
         holders = snapshot(name, backend).holders
         if holder is not None:
             holders = [h for h in holders if h.fence == holder]
@@ -153,25 +229,94 @@ class Command(BaseCommand):
             which = f"with fence {holder}" if holder is not None else "at all"
             raise CommandError(f"Nobody holds {name!r} {which}; nothing to release.")
         for h in holders:
-            self.stdout.write(
+            self._say(
                 f"{h.backend}  {h.name}  slot {h.slot}  fence {h.fence}  "
                 f"held by {h.host}:{h.pid} since {h.since:%Y-%m-%d %H:%M:%S}  {h.label}"
             )
+        if graceful:
+            self._release_gracefully(
+                name, holders, reason, yes, GRACEFUL_WAIT if wait is None else wait
+            )
+            return
         if not yes:
-            self._confirm(len(holders))
-        released = force_release(holders, reason=reason)
+            self._confirm(f"Release these {len(holders)} grant(s) by force?")
+        released: list[HolderInfo] = []
+        try:
+            force_release(holders, reason=reason, on_released=released.append)
+        except BackendUnavailable as exc:
+            raise CommandError(
+                f"Released {len(released)} of {len(holders)} grant(s) of {name!r} (each one "
+                f"recorded), then a store failed: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
         self.stdout.write(
-            f"Released {len(released)} grant(s) of {name!r}; each holder gets LockLost at its "
-            f"next check, renewal or release, and a runlocked holder stops its command."
+            f"Released {len(released)} grant(s) of {name!r}; each holder hears of it at once "
+            f"where the store can push, else at its next renewal or check, and gets LockLost; "
+            f"a runlocked holder stops its command. The next waiter may start meanwhile "
+            f"(--graceful waits for the holders instead)."
         )
 
-    def _confirm(self, count: int) -> None:
+    def _release_gracefully(
+        self, name: str, holders: Sequence[HolderInfo], reason: str, yes: bool, wait: float
+    ) -> None:
+        """Ask ``holders`` for their grants back, then wait until every grant ended."""
+        if not 0 < wait < float("inf"):
+            raise CommandError(f"--wait must be more than 0 seconds, not {wait}.", USAGE_ERROR)
+        if not yes:
+            self._confirm(
+                f"Ask the holders of these {len(holders)} grant(s) to release within {wait:g} s?"
+            )
+        asked: list[HolderInfo] = []
+        began = time.monotonic()
+        try:
+            request_release([*holders], wait=wait, reason=reason, on_requested=asked.append)
+        except BackendUnavailable as exc:
+            raise CommandError(
+                f"Asked {len(asked)} of {len(holders)} holder(s) of {name!r} (each one "
+                f"recorded), then a store failed: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
+        self.stdout.write(
+            f"Asked {len(asked)} holder(s) of {name!r} to release within {wait:g} s. Each slot "
+            f"stays held until its holder releases it or the wait ends, so the next waiter "
+            f"does not start before; waiting for that ..."
+        )
+        left = self._wait_for_the_end(name, asked, began + wait + 1)
+        if left:
+            raise CommandError(f"{len(left)} grant(s) of {name!r} are still held.")
+        self.stdout.write(
+            f"Done after {time.monotonic() - began:.1f} s: every grant asked for has ended "
+            f"(released by its holder, or at the end of the wait)."
+        )
+
+    def _wait_for_the_end(
+        self, name: str, grants: Sequence[HolderInfo], deadline: float
+    ) -> Sequence[HolderInfo]:
+        """Wait until none of ``grants`` of ``name`` is held, or until ``deadline``
+        (monotonic); return those still held. Raises ``CommandError`` (exit 69) if a
+        store can no longer be asked."""
+        held = grants
+        while held and time.monotonic() < deadline:
+            time.sleep(GRACEFUL_POLL)
+            live = set()
+            for alias in {g.backend for g in held}:
+                found = snapshot(name, alias)
+                if found.unavailable:
+                    raise CommandError(
+                        f"Could not see whether the holders released: {found.unavailable[alias]}",
+                        returncode=EXIT_UNAVAILABLE,
+                    )
+                live |= {(h.backend, h.fence) for h in found.holders}
+            held = [g for g in held if (g.backend, g.fence) in live]
+        return held
+
+    def _confirm(self, question: str) -> None:
         if not sys.stdin.isatty():
             raise CommandError(
                 "Not asking for confirmation without a terminal: add --yes to release.",
                 returncode=USAGE_ERROR,
             )
-        answer = input(f"Release these {count} grant(s) by force? [y/N] ")
+        answer = input(f"{question} [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             raise CommandError("Nothing released.")
 
@@ -186,7 +331,7 @@ class Command(BaseCommand):
                 f"have server lock keys.",
                 returncode=USAGE_ERROR,
             )
-        self.stdout.write(str(store.key(validate_name(name), _slot(slot))))
+        self.stdout.write(str(store.key(name, _slot(slot))))
 
     # -- sweep ---------------------------------------------------------------
 
@@ -257,3 +402,15 @@ def _slot(slot: str | None) -> int | str | None:
     if not slot.isdigit():
         raise ValueError(f"--slot is a slot number or {GATE!r}, not {slot!r}.")
     return int(slot)
+
+
+def _accept_django_options(subcommand: ArgumentParser) -> None:
+    """Let ``--settings``, ``-v`` and Django's other common options follow the subcommand.
+
+    Unless given there, they keep the value parsed before it (``SUPPRESS``).
+    """
+    subcommand.add_argument("-v", "--verbosity", type=int, default=SUPPRESS, help=SUPPRESS)
+    for flag in DJANGO_VALUES:
+        subcommand.add_argument(flag, default=SUPPRESS, help=SUPPRESS)
+    for flag in DJANGO_FLAGS:
+        subcommand.add_argument(flag, action="store_true", default=SUPPRESS, help=SUPPRESS)

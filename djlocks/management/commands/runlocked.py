@@ -28,7 +28,8 @@ class Command(BaseCommand):
         "lease while it runs and releasing it on every exit path. Exit status: the "
         f"command's own; 128+N if it died by signal N; {EXIT_CONFLICT} (or "
         f"--conflict-exit-code) if the lock was not acquired; {EXIT_LOST} if the lock was "
-        f"lost while the command ran (the command is then terminated); {EXIT_UNAVAILABLE} "
+        f"lost, or an operator asked for it back, while the command ran (the command is "
+        f"then terminated, and killed before its lease could end); {EXIT_UNAVAILABLE} "
         f"if the lock store could not be reached or cannot hold session locks (a pooler "
         f"sharing server sessions); {USAGE_ERROR} for bad usage."
     )
@@ -71,7 +72,9 @@ class Command(BaseCommand):
             "--kill-after",
             type=float,
             default=10.0,
-            help="Seconds between SIGTERM and SIGKILL when the lock is lost (default 10).",
+            help="Seconds between SIGTERM and SIGKILL when the lock is lost or an operator "
+            "asks for it back (default 10). SIGKILL comes sooner if the lease could end "
+            "sooner: the command never runs past the moment its lease could end.",
         )
         parser.add_argument(
             "-q", "--quiet", action="store_true", help="Say nothing (same as -v 0)."

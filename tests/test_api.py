@@ -1,0 +1,87 @@
+"""The public API's forms: exports, the decorator's on_busy, aacquire()/arelease()."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+
+import pytest
+
+import djlocks
+from djlocks import Lock, NotAcquired, NotHeld, Semaphore, db_lock, db_semaphore
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def test_every_exception_and_the_version_are_exported() -> None:
+    for name in ("BackendUnavailable", "LockDeadlock", "LockError", "LockLost", "NotHeld"):
+        assert name in djlocks.__all__ and issubclass(getattr(djlocks, name), Exception)
+    assert djlocks.__version__ == importlib.metadata.version("djlocks")
+
+
+def test_a_busy_decorated_call_raises_by_default() -> None:
+    @db_lock("api:raise", timeout=0)
+    def job() -> str:
+        return "ran"
+
+    with db_lock("api:raise"), pytest.raises(NotAcquired):
+        job()
+    assert job() == "ran"
+
+
+def test_a_busy_decorated_call_is_skipped_with_on_busy_skip() -> None:
+    calls: list[int] = []
+
+    @db_semaphore("api:skip", limit=1, timeout=0.2, on_busy="skip")
+    def job(number: int) -> int:
+        calls.append(number)
+        return number
+
+    with db_lock("api:skip"):
+        assert job(1) is None
+    assert job(2) == 2
+    assert calls == [2], "a skipped call never runs"
+    assert not Lock("api:skip").locked(), "the decorated call released its grant"
+
+
+def test_a_skipped_async_call_returns_none() -> None:
+    @db_lock("api:async-skip", timeout=0, on_busy="skip")
+    async def job() -> str:
+        return "ran"
+
+    with db_lock("api:async-skip"):
+        assert asyncio.run(job()) is None
+    assert asyncio.run(job()) == "ran"
+
+
+def test_on_busy_skip_is_refused_where_it_cannot_be_honoured() -> None:
+    with pytest.raises(ValueError, match="on_busy"):
+        Lock("api:bad", on_busy="wait")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot be skipped"), Lock("api:block", on_busy="skip"):
+        pass
+
+
+def test_an_exception_in_a_decorated_call_releases_the_grant() -> None:
+    @db_lock("api:boom", timeout=1)
+    def job() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        job()
+    assert not Lock("api:boom").locked()
+
+
+def test_aacquire_and_arelease_without_async_with() -> None:
+    lock = Semaphore("api:async", limit=1, ttl=10)
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        first = await lock.aacquire(timeout=1)
+        second = await Lock("api:async").aacquire(timeout=0)
+        await lock.arelease()
+        third = await lock.aacquire(blocking=False)
+        await lock.arelease()
+        return first, second, third
+
+    assert asyncio.run(scenario()) == (True, False, True)
+    with pytest.raises(NotHeld):
+        asyncio.run(lock.arelease())
