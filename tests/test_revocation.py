@@ -403,7 +403,11 @@ def test_runlocked_kills_a_command_that_ignores_sigterm_before_its_lease_can_end
     most a TTL after the last renewal, so at most a TTL after Redis stopped)."""
     ttl = 6.0
     pid_file, said = tmp_path / "pid", tmp_path / "stderr"
-    environment = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{stoppable_redis.port}/0"}
+    environment = {
+        **os.environ,
+        "REDIS_URL": f"redis://127.0.0.1:{stoppable_redis.port}/0",
+        "PYTHONFAULTHANDLER": "1",  # a crash of runlocked leaves its tracebacks in `said`
+    }
     stubborn = f"trap '' TERM; echo $$ > {pid_file}; sleep 600"
     with said.open("w") as stderr:  # a file: failing renewals log more than a pipe holds
         wrapper = stubborn_runlocked(environment, stderr, ttl, stubborn)
@@ -417,7 +421,7 @@ def test_runlocked_kills_a_command_that_ignores_sigterm_before_its_lease_can_end
             f"a command ignoring SIGTERM killed after Redis stopped (TTL {ttl:g} s)", killed_after
         )
         assert killed_after <= ttl, f"the command outlived its lease: {killed_after:.2f} s"
-        assert finished(wrapper) == EXIT_LOST
+        assert finished(wrapper) == EXIT_LOST, said.read_text()[-4000:]
         killing = [line for line in said.read_text().splitlines() if "SIGKILL" in line]
         assert killing and "lease" in killing[0], killing
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
 
 from django.core.exceptions import ImproperlyConfigured
@@ -62,6 +63,9 @@ class BackendHandler:
 
 
 backends = BackendHandler()
+# Listener threads are daemons: stopped before the interpreter finalises, none is caught
+# inside a store's client (a daemon thread ended there can crash the exiting process).
+atexit.register(backends.reset)
 
 
 def import_hint(exc: ImportError) -> str | None:
