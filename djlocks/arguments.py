@@ -123,40 +123,58 @@ def _to_seconds(value: Seconds, what: str) -> float:
     return seconds
 
 
+#: The longest TTL and cool-down, in seconds (365 days): every store can keep an
+#: expiry this far ahead, and a thread can wait a third of it.
+MAX_PERIOD = 365 * 24 * 3600.0
+
+
 def normalize_timeout(timeout: Seconds | None) -> float | None:
     """Return the wait in seconds: ``None`` waits forever, ``0`` tries once.
 
-    Raises ``ValueError`` for a negative or NaN value, ``TypeError`` for a non-number.
+    A wait longer than ``MAX_PERIOD`` (365 days), infinity included, is a wait
+    forever. Raises ``ValueError`` for a negative or NaN value, ``TypeError`` for
+    a non-number.
     """
     if timeout is None:
         return None
     seconds = _to_seconds(timeout, "timeout")
-    return None if math.isinf(seconds) else seconds
+    return None if seconds > MAX_PERIOD else seconds
 
 
 MIN_TTL = 0.3
 
 
 def normalize_ttl(ttl: Seconds) -> float:
-    """Return a lease TTL in seconds; it must be finite and at least 0.3 s.
+    """Return a lease TTL in seconds: at least 0.3 s, at most ``MAX_PERIOD`` (365 days).
 
     The heartbeat renews every third of the TTL, so a shorter lease cannot be
-    renewed reliably: a ``ValueError`` says so.
+    renewed reliably; a longer one is what renewal is for. A ``ValueError`` says so.
     """
     seconds = _to_seconds(ttl, "ttl")
-    if math.isinf(seconds) or seconds < MIN_TTL:
+    if seconds < MIN_TTL:
         raise ValueError(
-            f"ttl must be a finite number of seconds of at least {MIN_TTL} (got {seconds}); "
+            f"ttl must be at least {MIN_TTL} seconds (got {seconds}): "
             "the heartbeat renews a lease every ttl/3 and needs room to do so."
+        )
+    if seconds > MAX_PERIOD:
+        raise ValueError(
+            f"ttl must be at most {MAX_PERIOD:.0f} seconds (365 days; got {seconds}): "
+            "a holder that works longer keeps a shorter lease renewed."
         )
     return seconds
 
 
 def normalize_cooldown(cooldown: Seconds) -> float:
-    """Return the cool-down in seconds (finite, >= 0)."""
+    """Return the cool-down in seconds: from 0 to ``MAX_PERIOD`` (365 days).
+
+    Raises ``ValueError`` outside that range, ``TypeError`` for a non-number.
+    """
     seconds = _to_seconds(cooldown, "cooldown")
-    if math.isinf(seconds):
-        raise ValueError("cooldown must be finite; release the name by force to end it early.")
+    if seconds > MAX_PERIOD:
+        raise ValueError(
+            f"cooldown must be at most {MAX_PERIOD:.0f} seconds (365 days; got {seconds}); "
+            "release the name by force to end a cool-down early."
+        )
     return seconds
 
 

@@ -23,7 +23,8 @@ from djlocks.arguments import normalize_timeout
         ({"name": "x", "timeout": math.nan}, ValueError, "not NaN"),
         ({"name": "x", "timeout": "5"}, TypeError, "seconds"),
         ({"name": "x", "ttl": 0.1}, ValueError, "at least 0.3"),
-        ({"name": "x", "ttl": math.inf}, ValueError, "finite"),
+        ({"name": "x", "ttl": math.inf}, ValueError, "at most 31536000"),
+        ({"name": "x", "cooldown": 1e12}, ValueError, "at most 31536000"),
         ({"name": "x", "ttl": -5}, ValueError, "must not be negative"),
         ({"name": "x", "cooldown": -1}, ValueError, "must not be negative"),
         ({"name": "x", "backend": ""}, ValueError, "alias"),
@@ -47,6 +48,7 @@ def test_timeouts_are_normalised_in_one_place() -> None:
     assert normalize_timeout(0) == 0.0
     assert normalize_timeout(timedelta(milliseconds=1500)) == 1.5
     assert normalize_timeout(math.inf) is None
+    assert normalize_timeout(1e300) is None  # longer than a thread can wait: forever
 
 
 def test_long_unicode_names_are_accepted() -> None:
