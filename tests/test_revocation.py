@@ -356,7 +356,9 @@ def test_a_forced_release_terminates_a_runlocked_command_at_once(
     assert finished(wrapper) == EXIT_LOST
     learned = float(wait_for_file(termed)) - began
     bounds("runlocked's command gets SIGTERM after a forced release (TTL 60 s)", learned)
-    assert learned < 1.0, learned
+    # The next renewal is 20 s away: a few seconds prove the push on a loaded machine,
+    # and the reliability page records the figure measured (tens of milliseconds).
+    assert learned < 5.0, learned
 
 
 @pytest.mark.parametrize("backend", LEASES)
