@@ -300,7 +300,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         form = ReleaseForm(
             request.POST or None,
             initial={"fences": ",".join(str(h.fence) for h in shown)},
-            graceful=backends[backend].releases_gracefully,
+            graceful=backends[backend].capabilities.graceful_release,
         )
         if request.method == "POST" and form.is_valid():
             chosen = form.cleaned_data["fences"]
@@ -389,7 +389,7 @@ class DashboardAdmin(ReadOnlyAdmin):
                 messages.error(request, f"The cool-down was not changed: {exc}")
                 return redirect(_name_url(backend, name))
             user = request.user.get_username()
-            if store.records_history:
+            if store.capabilities.history:
                 events.cooldown_changed(backend, name, slot, until, operator=user, reason=reason)
             change = f"until {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cleared"
             self.log_change(

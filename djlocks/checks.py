@@ -1,5 +1,17 @@
-"""System checks (ids ``djlocks.E001``...): the ``DJLOCKS`` setting itself here;
-each configured backend checks its own store (``LockBackend.check``)."""
+"""System checks: the ``DJLOCKS`` setting itself here, each configured backend's
+store through its own ``LockBackend.check``.
+
+Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003
+a bad ``TTL``, W006 an unknown key. The backends': E004 leases in an in-memory
+SQLite database, W007 SQLite without WAL or ``IMMEDIATE`` transactions (lease);
+E005 an unknown database alias, E006 a database the backend cannot use (every
+database backend); E007 GET_LOCK under Galera, W001 statement-based binary
+logging (GET_LOCK); E009 a pooler that shares server sessions (session
+backends); W002 row locks on SQLite, W003 ``innodb_rollback_on_timeout`` (row);
+E008 a cache that is not django-redis, W004 an eviction policy that may drop
+leases, W005 a Redis that cannot be reached (Redis). Each id has a section in
+the troubleshooting page of the docs.
+"""
 
 from __future__ import annotations
 

@@ -60,16 +60,7 @@ def djlocks_settings() -> dict[str, Any]:
 
 @receiver(setting_changed)
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
-    """Re-read ``DJLOCKS``; rebuild the backends only if ``BACKENDS`` changed.
-
-    An empty cache means no backend was built since the last change: nothing to rebuild.
-    """
+    """Re-read ``DJLOCKS`` when a test changes it (the backends rebuild themselves:
+    ``djlocks.backends.BackendHandler.settings_changed``)."""
     if setting == "DJLOCKS":
-        built_from = (
-            djlocks_settings()["BACKENDS"] if djlocks_settings.cache_info().currsize else None
-        )
         djlocks_settings.cache_clear()
-        if built_from is not None and djlocks_settings()["BACKENDS"] != built_from:
-            from djlocks.backends import backends
-
-            backends.reset()

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast, overload
 
 from asgiref.sync import sync_to_async
@@ -26,16 +25,17 @@ from djlocks.arguments import (
     validate_name,
 )
 from djlocks.backends import backends
-from djlocks.backends.base import Abort, AcquireRequest, LockBackend
+from djlocks.backends.base import AcquireRequest, LockBackend
+from djlocks.backends.waiting import Abort
 from djlocks.conf import djlocks_settings
-from djlocks.events import Kind, events
+from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable, LockLost, NotAcquired, NotHeld
+from djlocks.forksafe import ForkSafeLock
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import current_identity
 
 acquire_log = logging.getLogger("djlocks.acquire")
-release_log = logging.getLogger("djlocks.release")
 
 F = TypeVar("F", bound=Callable[..., Any])
 _USE_SPEC: Any = object()  # "use the timeout given to the spec"
@@ -55,9 +55,6 @@ class LockOptions(TypedDict, total=False):
     renew: bool
     on_lost: LostCallback | None
     on_busy: OnBusy
-
-
-ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
 def _holder_key() -> tuple[int, int]:
@@ -138,7 +135,7 @@ class Lock:
             raise ValueError(f"on_busy must be 'raise' or 'skip', not {on_busy!r}.")
         self.on_busy = on_busy
         self._held: dict[tuple[int, int], list[Grant]] = {}
-        self._held_guard = threading.Lock()
+        self._held_guard = ForkSafeLock()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name!r} backend={self.backend_alias!r}>"
@@ -165,7 +162,7 @@ class Lock:
         clone.__dict__.update(self.__dict__)
         clone._name = validate_name(name)
         clone._held = {}
-        clone._held_guard = threading.Lock()
+        clone._held_guard = ForkSafeLock()
         return clone
 
     # -- threading.Lock-like handle ------------------------------------------
@@ -212,7 +209,7 @@ class Lock:
             acquire_log.debug("not acquired %s within %s s", self.name, wait)
             cancelled = abort is not None and abort.is_set()
             waited = time.monotonic() - started
-            if backend.records_history:
+            if backend.capabilities.history:
                 events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
         grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
@@ -239,34 +236,7 @@ class Lock:
         already ended (the lease expired or was released by force); the slot
         is free either way afterwards.
         """
-        self._release_grant(self._pop_current())
-
-    def _release_grant(self, grant: Grant, exc_info: ExcInfo = (None, None, None)) -> None:
-        """End ``grant``; ``exc_info`` is the exception leaving a ``with`` block, if any.
-
-        A grant that lives in a transaction djlocks opened (the row backend)
-        ends with that transaction: committed, or rolled back on an exception.
-        """
-        grant.refuse_in_a_forked_child()
-        if grant.scope is not None and grant.thread != threading.get_ident():
-            raise NotHeld(
-                f"The grant of {grant.name!r} lives in the database transaction of the "
-                f"thread that acquired it; release it from that thread."
-            )
-        heartbeat.discard(grant)
-        lost_earlier = grant.begin_release()
-        try:
-            grant.backend.release(grant.name, grant.token, self.cooldown)
-        except LockLost as exc:
-            grant.mark_lost(str(exc), by_release=True)
-            raise
-        finally:
-            if grant.scope is not None:
-                grant.scope.__exit__(*exc_info)
-        if lost_earlier is not None:
-            raise LockLost(f"The grant of {grant.name!r} was lost before release: {lost_earlier}.")
-        release_log.debug("released %s fence %s", grant.name, grant.fence)
-        events.grant_ended(grant, Kind.RELEASED)
+        self._pop_current().end()
 
     def locked(self) -> bool:
         """True if any holder holds the name now (asks the store)."""
@@ -279,7 +249,7 @@ class Lock:
         return self._granted_or_busy(self.acquire_grant(True, _USE_SPEC))
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._release_grant(self._pop_current(), exc_info)
+        self._pop_current().end(exc_info)
 
     async def __aenter__(self) -> Grant:
         self._refuse_skip_in_a_block()
@@ -307,14 +277,15 @@ class Lock:
         Raises ``NotHeld`` and ``LockLost`` as ``release()`` does.
         """
         grant = self._pop_current()
-        await sync_to_async(self._release_grant, thread_sensitive=False)(grant)
+        await sync_to_async(grant.end, thread_sensitive=False)()
 
     async def _aacquire_grant(self, blocking: bool, timeout: Any) -> Grant | None:
-        if self.backend.in_caller_transaction:
+        if self.backend.capabilities.in_caller_transaction:
             raise TypeError(
-                f"{self!r}: a row lock lives in the calling thread's database transaction, "
-                f"which async code does not have. Take it in synchronous code, e.g. in a "
-                f"function run with sync_to_async(thread_sensitive=True)."
+                f"{self!r}: backend {self.backend_alias!r} keeps its grants in the calling "
+                f"thread's database transaction, which async code does not have. Take it in "
+                f"synchronous code, e.g. in a function run with "
+                f"sync_to_async(thread_sensitive=True)."
             )
         abort = Abort()
         attempt = asyncio.ensure_future(
@@ -344,12 +315,8 @@ class Lock:
                 f"a with block cannot be skipped. Use `if lock.acquire(): ...` instead."
             )
 
-    def _release_specific(self, grant: Grant) -> None:
-        """Release ``grant`` whichever thread or task acquired it."""
-        self._forget(grant)
-        self._release_grant(grant)
-
-    def _forget(self, grant: Grant) -> None:
+    def forget(self, grant: Grant) -> None:
+        """Stop filing ``grant`` under the thread or task that holds it (``Grant.release``)."""
         with self._held_guard:
             for key, stack in list(self._held.items()):
                 if grant in stack:
@@ -359,7 +326,7 @@ class Lock:
 
     def _move_to_current_task(self, grant: Grant) -> None:
         """The grant arrived in a worker thread; file it under the awaiting task."""
-        self._forget(grant)
+        self.forget(grant)
         with self._held_guard:
             self._held.setdefault(_holder_key(), []).append(grant)
 

@@ -11,19 +11,21 @@ one ``INSERT``, when the grant ends.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, models
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.sql import for_vendor
 from djlocks.conf import djlocks_settings
+from djlocks.forksafe import ForkSafeLock
+from djlocks.kinds import Kind
 from djlocks.percentiles import percentile
 
 if TYPE_CHECKING:
@@ -31,20 +33,6 @@ if TYPE_CHECKING:
     from djlocks.models import LockEvent
 
 events_log = logging.getLogger("djlocks.events")
-
-
-class Kind(models.TextChoices):
-    """What happened: the values of ``LockEvent.kind``."""
-
-    ACQUIRED = "acquired", "acquired"
-    RELEASED = "released", "released"
-    TIMED_OUT = "timed_out", "timed out"
-    CANCELLED = "cancelled", "cancelled"
-    LOST = "lost", "lost"
-    EXPIRED = "expired", "expired"
-    FORCED_RELEASE = "forced_release", "forced release"
-    RELEASE_REQUESTED = "release_requested", "release requested"
-    COOLDOWN_CHANGED = "cooldown_changed", "cool-down changed"
 
 
 #: The statistics look at no more than this many of a name's most recent events.
@@ -56,13 +44,13 @@ class EventLog:
 
     def __init__(self) -> None:
         self._connections: dict[str, DedicatedConnections] = {}
-        self._guard = threading.Lock()
+        self._guard = ForkSafeLock()
 
     # -- what happened --------------------------------------------------------
 
     def grant_ended(self, grant: Grant, kind: str, reason: str = "") -> None:
         """The grant was released (``released``) or found lost (``lost``): two events."""
-        if not grant.backend.records_history or not djlocks_settings()["EVENTS"]:
+        if not grant.backend.capabilities.history or not djlocks_settings()["EVENTS"]:
             return  # before building the events: this is on every release's path
         ended_at = timezone.now()
         common = _about_grant(grant)
@@ -199,12 +187,16 @@ def _event(**fields: object) -> LockEvent:
 
 
 def _relaxed(db: BaseDatabaseWrapper) -> None:
-    """History may lose its last events in a PostgreSQL crash, so it need not wait for the
-    WAL flush: ``synchronous_commit = off`` for this connection only (the PostgreSQL
-    manual, "Asynchronous Commit"). Grants and fences keep their durable commits."""
-    if db.vendor == "postgresql":
+    """History may lose its last events in a database crash, so it need not wait for the
+    log flush: the vendor's ``HISTORY_SESSION`` statement, for this connection only.
+    Grants and fences keep their durable commits."""
+    try:
+        statement = for_vendor(db.vendor).HISTORY_SESSION
+    except ValueError:  # a database djlocks keeps no SQL for: its commits stay as they are
+        return
+    if statement:
         with db.cursor() as cursor:
-            cursor.execute("SET synchronous_commit TO off")
+            cursor.execute(statement)
 
 
 def _about_grant(grant: Grant) -> dict[str, object]:

@@ -9,20 +9,27 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from djlocks.backends.base import GrantRecord, LockBackend
-from djlocks.events import Kind, events
+from djlocks.events import events
 from djlocks.exceptions import LockLost, NotHeld, ReleaseRequested
+from djlocks.heartbeat import heartbeat
 from djlocks.identity import Identity
+from djlocks.kinds import Kind
 from djlocks.signals import lock_lost
 
 if TYPE_CHECKING:
     from djlocks.core import Lock
 
 lost_log = logging.getLogger("djlocks.lost")
+release_log = logging.getLogger("djlocks.release")
+
+#: The exception leaving a ``with`` block, as ``__exit__`` receives it.
+ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 #: A holder stops believing this share of the TTL before the lease's end, so that it
 #: never believes past its TTL (honest belief, docs/guarantees.md).
@@ -31,6 +38,11 @@ BELIEF_MARGIN = 0.1
 #: to give its grant back (a graceful release): it is still held, until it is released
 #: or the operator's wait runs out.
 RELEASE_REQUESTED = "release requested by an operator"
+#: Seconds a release that finds its grant lost waits for the loss to reach the history
+#: before it raises ``LockLost``: the thread that found the loss (the heartbeat, a
+#: revocation push) may still be writing it, and once release has said "lost", the
+#: history says so too.
+LOSS_RECORD_WAIT = 5.0
 
 
 class Grant:
@@ -76,6 +88,7 @@ class Grant:
         believe_from = time.monotonic() if record.requested_at is None else record.requested_at
         self._believe_until = believe_from + ttl * (1 - BELIEF_MARGIN)
         self._lost_reason: str | None = None
+        self._loss_recorded = threading.Event()  # set once a loss is in the history
         self._released = False
         self._release_requested = False
 
@@ -154,7 +167,41 @@ class Grant:
         either way afterwards. Raises ``NotHeld`` from another thread for a
         grant that lives in a transaction, and in a forked child.
         """
-        self.spec._release_specific(self)
+        self.spec.forget(self)
+        self.end()
+
+    def end(self, exc_info: ExcInfo = (None, None, None)) -> None:
+        """Release the grant at the store; ``exc_info`` is the exception leaving a ``with``
+        block, if any (``Lock`` calls this once it has stopped filing the grant).
+
+        A grant that lives in a transaction djlocks opened (``record.scope``: the
+        row backend's) ends with that transaction: committed, or rolled back on
+        an exception, in the thread that acquired it. Raises ``LockLost`` if the
+        grant had already ended (the slot is free either way), and ``NotHeld``
+        in a forked child or, for a grant in a transaction, from another thread.
+        """
+        self.refuse_in_a_forked_child()
+        if self.scope is not None and self.thread != threading.get_ident():
+            raise NotHeld(
+                f"The grant of {self.name!r} lives in the database transaction of the "
+                f"thread that acquired it; release it from that thread."
+            )
+        heartbeat.discard(self)
+        lost_earlier = self.begin_release()
+        try:
+            self.backend.release(self.name, self.token, self.spec.cooldown)
+        except LockLost as exc:
+            self.mark_lost(str(exc), by_release=True)
+            self._loss_recorded.wait(LOSS_RECORD_WAIT)
+            raise
+        finally:
+            if self.scope is not None:
+                self.scope.__exit__(*exc_info)
+        if lost_earlier is not None:
+            self._loss_recorded.wait(LOSS_RECORD_WAIT)
+            raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
+        release_log.debug("released %s fence %s", self.name, self.fence)
+        events.grant_ended(self, Kind.RELEASED)
 
     def renewed(
         self, renewal_started: float, expires_at: datetime | None, lasts: float | None = None
@@ -215,7 +262,10 @@ class Grant:
                 return
             self._lost_reason = reason
         lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
-        events.grant_ended(self, Kind.LOST, reason)
+        try:
+            events.grant_ended(self, Kind.LOST, reason)
+        finally:
+            self._loss_recorded.set()
         lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=reason)
         if self._on_lost is not None:
             self._on_lost(self, reason)

@@ -23,9 +23,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
-from djlocks.grant import Grant
+
+if TYPE_CHECKING:
+    from djlocks.grant import Grant
 
 renew_log = logging.getLogger("djlocks.renew")
 

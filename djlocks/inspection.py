@@ -1,6 +1,6 @@
 """What the stores say about names: holders, waiters and cool-downs across backends.
 
-Shared by ``manage.py djlocks list|show|release`` (and, later, the admin), so
+Shared by ``manage.py djlocks list|show|release`` and the admin dashboard, so
 that every view of the truth asks the stores the same way (the admin tells the
 truth: holders and waiters come from the stores' own state).
 """
@@ -15,8 +15,9 @@ from typing import Any
 
 from djlocks.backends import backends
 from djlocks.backends.base import CooldownInfo, HolderInfo, LockBackend, WaiterInfo
-from djlocks.events import Kind, events
+from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable
+from djlocks.kinds import Kind
 
 force_release_log = logging.getLogger("djlocks.force_release")
 #: Seconds a graceful release gives the holders unless the operator says otherwise.
@@ -97,7 +98,7 @@ def force_release(
     one is tried: logged on ``djlocks.force_release``, recorded as a
     ``forced_release`` event with ``operator`` (default: the operating-system
     user) and ``reason`` where the backend records history
-    (``records_history``), and passed to ``on_released`` (the admin writes its
+    (``capabilities.history``), and passed to ``on_released`` (the admin writes its
     ``LogEntry`` there). A store that fails raises ``BackendUnavailable`` and
     the grants after it are not tried; every grant taken away before it has
     its audit already.
@@ -132,12 +133,14 @@ def request_release(
 
     Audited as ``force_release`` is, as a ``release_requested`` event, each
     grant passed to ``on_requested``. Raises ``ValueError`` for a bad ``wait``
-    or a backend that cannot do this (``releases_gracefully``), before any
+    or a backend that cannot do this (``capabilities.graceful_release``), before any
     grant is asked; ``BackendUnavailable`` as ``force_release`` does.
     """
     if not 0 < wait < float("inf"):
         raise ValueError(f"The wait for a graceful release must be more than 0 s, not {wait}.")
-    refused = sorted({h.backend for h in holders if not backends[h.backend].releases_gracefully})
+    refused = sorted(
+        {h.backend for h in holders if not backends[h.backend].capabilities.graceful_release}
+    )
     if refused:
         raise ValueError(
             f"Backend {', '.join(map(repr, refused))} cannot ask a holder to give its grant "
@@ -190,5 +193,5 @@ def _audit(holder: HolderInfo, store: LockBackend, kind: Kind, operator: str, re
         operator,
         reason or "no reason given",
     )
-    if store.records_history:
+    if store.capabilities.history:
         events.holders_ended([holder], kind, operator=operator, reason=reason)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from djlocks.events import Kind
+from djlocks.kinds import Kind
 
 
 class LeaseSlot(models.Model):

@@ -39,8 +39,8 @@ from typing import Any, TextIO
 from django.db import connections
 
 from djlocks.arguments import printable
-from djlocks.backends.base import Abort
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.waiting import Abort
 from djlocks.core import Lock, Semaphore
 from djlocks.exceptions import BackendUnavailable, LockLost
 from djlocks.grant import Grant

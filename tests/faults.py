@@ -1,5 +1,5 @@
-"""Fault tools for the tests: a TCP proxy in front of a real server, and a
-private PgBouncer.
+"""Fault tools for the tests: a TCP proxy in front of a real server, a
+private PgBouncer, and a private MariaDB server started with the options a test needs.
 
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
@@ -111,7 +111,7 @@ class PgBouncer:
 
     def __init__(self, server_port: int, user: str, pool_mode: str) -> None:
         assert os.access(PGBOUNCER, os.X_OK), "PgBouncer is needed (make setup installs it)"
-        self.port = _free_port()
+        self.port = free_port()
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-pgbouncer-"))
         self._home.chmod(0o777)  # the postgres user writes its log here
         (self._home / "users.txt").write_text(f'"{user}" ""\n')
@@ -146,7 +146,58 @@ class PgBouncer:
         shutil.rmtree(self._home, ignore_errors=True)
 
 
-def _free_port() -> int:
+class PrivateMariaDB:
+    """A MariaDB server of the test's own on a free port of 127.0.0.1, in a new data
+    directory, started with ``options`` (``mariadbd`` command-line options such as
+    ``--binlog-format=STATEMENT``): for server settings the shared server must not
+    take. ``root`` logs in without a password; ``databases`` are created empty.
+    """
+
+    def __init__(self, *options: str, databases: tuple[str, ...] = ()) -> None:
+        self.port = free_port()
+        self._home = Path(tempfile.mkdtemp(prefix="djlocks-mariadb-"))
+        data = self._home / "data"
+        self._log = (self._home / "server.log").open("w")
+        subprocess.run(
+            ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self._process = subprocess.Popen(
+            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+             f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self._home}/sock",
+             f"--pid-file={self._home}/pid", "--innodb-buffer-pool-size=16M", *options],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not _accepts(self.port):
+            assert self._process.poll() is None, self.log()
+            assert time.monotonic() < deadline, "MariaDB did not start: " + self.log()
+            time.sleep(0.05)
+        for name in databases:
+            self.sql(f"CREATE DATABASE `{name}`")
+
+    def sql(self, statement: str) -> str:
+        """Run ``statement`` with the ``mariadb`` client; its output, tab-separated."""
+        return subprocess.run(
+            ["mariadb", "-uroot", "-h127.0.0.1", f"-P{self.port}", "-N", "-e", statement],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self._home / "server.log").read_text()
+        return ""
+
+    def stop(self) -> None:
+        self._process.kill()
+        self._process.wait(10)
+        self._log.close()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -29,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.faults import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "install-test"
@@ -323,12 +324,6 @@ def run(command: list[str], *, quiet: bool = False, **options: object) -> str:
     if not quiet and done.stderr.strip():
         print(done.stderr, end="", file=sys.stderr)
     return str(done.stdout)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_for_http(url: str, timeout: float = 60) -> None:

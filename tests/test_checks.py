@@ -1,13 +1,15 @@
 """Every system check id: the settings' own, and each backend's (``LockBackend.check``).
 
-Checks that need a server in a state the shared test servers cannot take
-(Galera, binary logging, innodb_rollback_on_timeout) are exercised by reading
-the code only; the Redis ids are in test_redis_backend.py and E009 in
-test_session_backends.py (PgBouncer).
+Checks that need a server in a state the shared test servers must not take
+(Galera, statement-based binary logging, innodb_rollback_on_timeout) run
+``manage.py check`` against a private MariaDB started that way; the Redis ids
+are in test_redis_backend.py and E009 in test_session_backends.py (PgBouncer).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from django.test import override_settings
 from djlocks.backends import backends, import_hint
 from djlocks.backends.sqlite_checks import lease_store_messages
 from djlocks.checks import check_backends
+from djlocks.stress import current_database_names
+from tests.faults import PrivateMariaDB
+from tests.processes import manage
 
 LEASE = "djlocks.backends.lease.LeaseBackend"
 
@@ -167,3 +172,60 @@ def test_a_plain_check_asks_no_store() -> None:
     with CaptureQueriesContext(connection) as queries:
         check_backends(databases=None)
     assert len(queries) == 0
+
+
+only_mariadb = pytest.mark.skipif(
+    connection.vendor != "mysql",
+    reason="not applicable: a MariaDB server's own settings (the mysql run checks them)",
+)
+
+
+def _check_against(server: PrivateMariaDB) -> str:
+    """``manage.py check --database default`` with the project's MariaDB moved to
+    ``server``: what it reports (standard error)."""
+    check = manage(
+        "check",
+        "--database",
+        "default",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "DJLOCKS_DB_PORT": str(server.port)},
+    )
+    _, report = check.communicate(timeout=120)
+    return str(report)
+
+
+@only_mariadb
+def test_statement_binlogs_and_rollback_on_timeout_are_warned_about() -> None:
+    """W001: GET_LOCK is unsafe for statement-based replication; W003: a row lock that
+    times out would roll the caller's whole transaction back."""
+    server = PrivateMariaDB(
+        "--server-id=1",
+        "--log-bin=binlog",
+        "--binlog-format=STATEMENT",
+        "--innodb-rollback-on-timeout=ON",
+        databases=tuple(set(current_database_names().values())),
+    )
+    try:
+        report = _check_against(server)
+    finally:
+        server.stop()
+    assert "djlocks.W001" in report and "djlocks.W003" in report, report
+    assert "djlocks.E007" not in report, report
+
+
+@only_mariadb
+def test_get_lock_on_galera_is_an_error() -> None:
+    """E007: a Galera node (wsrep_on) does not replicate GET_LOCK."""
+    server = PrivateMariaDB(
+        "--wsrep-on=ON",
+        "--wsrep-provider=none",
+        "--binlog-format=ROW",
+        databases=tuple(set(current_database_names().values())),
+    )
+    try:
+        report = _check_against(server)
+    finally:
+        server.stop()
+    assert "djlocks.E007" in report, report
+    assert "djlocks.W001" not in report and "djlocks.W003" not in report, report

@@ -30,7 +30,7 @@ from djlocks.backends import backends
 from djlocks.backends.base import WaiterInfo
 from djlocks.management.commands.runlocked import Command as RunLockedCommand
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_UNAVAILABLE
-from tests.faults import _free_port
+from tests.faults import free_port
 from tests.processes import finished, manage, runlocked
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(300)]
@@ -341,7 +341,7 @@ def test_the_djlocks_command_refuses_a_name_that_was_not_utf8_with_exit_2() -> N
 def test_list_exits_69_when_a_store_cannot_be_asked_and_still_shows_the_others() -> None:
     down_cache = {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"redis://127.0.0.1:{_free_port()}/0",
+        "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
     }
     down = {"BACKEND": "djlocks.backends.redis.RedisBackend", "OPTIONS": {"cache": "down"}}
     configured = django_settings.DJLOCKS

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from djlocks.arguments import MAX_NAME_LENGTH
 from djlocks.backends.redis import PREFIX_CHARACTERS
-from djlocks.backends.row_dialect import ROW_GATE
+from djlocks.backends.row.dialect import ROW_GATE
 from djlocks.keys import (
     GATE,
     MYSQL_KEY_LENGTH,

@@ -35,8 +35,8 @@ from djlocks import (
     pytest_plugin,
 )
 from djlocks.backends import backends
-from djlocks.backends.base import Abort
 from djlocks.backends.locmem import LocMemBackend
+from djlocks.backends.waiting import Abort
 from djlocks.conf import djlocks_settings
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
@@ -335,7 +335,7 @@ def test_a_forced_release_is_seen_by_the_holder(store: LocMemBackend) -> None:
 
 
 def test_an_operators_forced_release_writes_no_history_for_it(store: LocMemBackend) -> None:
-    """``records_history`` is False: ``force_release`` takes the grant and writes no event
+    """``capabilities.history`` is False: ``force_release`` takes the grant and writes no event
     (this test has no database: an event would fail it)."""
     lock = Lock("forced:quiet")
     grant = lock.acquire_grant(timeout=0)

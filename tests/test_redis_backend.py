@@ -1,14 +1,11 @@
 """The Redis backend against a real Redis: what differs from the lease rows
 (keys, scripts, wake-ups, the restart of the server), and the fault catalogue's
 late-acquire-reply, lost-acquire-reply, lost-release-reply (through a TCP proxy),
-cancelled-acquires, lost-wake-up, renewal, redis-clock-and-restart, forced-release and
-runlocked-supervision for it. exact-counter, semaphore-limit and paused-lease-holder run
-for it in test_lease_processes.py; try-lock-burst, waiters-in-turn, holder-killed,
-forked-child and lock-covers-commit in test_reliability.py; admin-matches-store in
-test_admin.py.
-
-The shared Redis (REDIS_URL) is used as is; the restart test starts a private
-redis-server on its own port and never touches the shared one."""
+cancelled-acquires (100 at a time), lost-wake-up, renewal, redis-clock-and-restart and
+forced-release for it. exact-counter, semaphore-limit and paused-lease-holder run for it
+in test_lease_processes.py; try-lock-burst, waiters-in-turn, holder-killed, forked-child
+and lock-covers-commit in test_reliability.py; runlocked-supervision in test_contract.py;
+admin-matches-store in test_admin.py."""
 
 from __future__ import annotations
 
@@ -40,17 +37,17 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
-from djlocks.backends.base import Abort, HolderInfo
+from djlocks.backends.base import HolderInfo
 from djlocks.backends.redis import RedisBackend
+from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
 from djlocks.fencing import StaleFence, fenced_update
 from djlocks.inspection import force_release
 from djlocks.keys import redis_key, redis_meta_key
 from djlocks.models import LockEvent
-from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
-from djlocks.stress import current_database_names, manage_command
+from djlocks.runlocked import EXIT_UNAVAILABLE
 from project.demo.models import FencedCounter
-from tests.faults import TcpProxy
+from tests.faults import TcpProxy, free_port
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 REDIS = "redis"
@@ -282,14 +279,6 @@ def test_bad_configuration_and_a_server_that_is_down_get_clear_errors() -> None:
         RedisBackend("down", {"cache": "down"}).holders()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server = PrivateRedis(tmp_path, free_port())
@@ -423,35 +412,6 @@ def test_the_effects_of_a_redis_clock_jump_are_reported_and_fences_still_rise() 
         assert after.fence > from_an_hour_ahead
     with pytest.raises(LockLost):
         before.release()
-
-
-def runlocked(*args: str) -> subprocess.Popen[str]:
-    command = [*manage_command(current_database_names()), "runlocked", "--backend", REDIS]
-    return subprocess.Popen([*command, *args], text=True)
-
-
-@pytest.mark.catalogue("runlocked-supervision", backend="redis")
-def test_runlocked_on_redis(tmp_path: Path) -> None:
-    with lock("r:cron"):
-        assert runlocked("r:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
-    assert runlocked("r:cron", "--", "sh", "-c", "exit 7").wait(30) == 7
-    wrapper = runlocked("r:cron", "--ttl", "1.5", "--kill-after", "0.5", "--", "sleep", "300")
-    deadline = time.monotonic() + 20
-    while not backend().holders("r:cron"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert len(force_release(backend().holders("r:cron"))) == 1
-    assert wrapper.wait(10) == EXIT_LOST
-    # SIGKILL of the wrapper: the lease ends at its TTL.
-    wrapper = runlocked("r:cron", "--ttl", "1.5", "--", "sleep", "300")
-    while not backend().holders("r:cron"):
-        assert time.monotonic() < deadline + 20
-        time.sleep(0.05)
-    wrapper.kill()
-    wrapper.wait(10)
-    killed = time.monotonic()
-    with lock("r:cron", timeout=5):
-        assert time.monotonic() - killed < 1.5 + 0.5
 
 
 def test_system_checks_warn_of_eviction_and_refuse_other_caches(

@@ -7,8 +7,10 @@ measured bounds go to docs/reliability.md (``make reliability``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import time
 import traceback
 import warnings
@@ -17,7 +19,7 @@ from collections.abc import Callable
 import pytest
 from django.db import connection
 
-from djlocks import db_lock
+from djlocks import db_lock, forksafe
 from djlocks.backends import backends
 from djlocks.exceptions import LockLost, NotHeld
 from djlocks.grant import Grant
@@ -56,7 +58,7 @@ FORCEABLE = LEASES if connection.vendor == "sqlite" else [*LEASES, "session"]
 #: Backends with something a forked child could inherit: a session, a connection pool.
 FORKABLE = ["redis"] if connection.vendor == "sqlite" else ["redis", "session"]
 #: On SQLite the row lock's fence is written in the holder's transaction, which the
-#: kill rolls back, so the next grant gets the same fence (documented in row_sqlite).
+#: kill rolls back, so the next grant gets the same fence (documented in row.sqlite).
 FENCE_ROLLED_BACK = {"row"} if connection.vendor == "sqlite" else set()
 #: Seconds: the lease of the SIGKILLed holder, and how often that test is repeated.
 CRASH_TTL, CRASH_ROUNDS = 1.5, 3
@@ -188,6 +190,7 @@ def test_a_forked_child_never_uses_its_parents_grant(backend: str) -> None:
 
 def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
     """Run in a forked child; the exit status says what went wrong (0: nothing)."""
+    signal.alarm(CHILD_SECONDS)  # a child that hangs dies of SIGALRM and fails the test
     try:
         for forbidden in (grant.release, grant.check):
             try:
@@ -203,6 +206,52 @@ def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
     except BaseException:
         traceback.print_exc()
         return 12
+
+
+#: Seconds a forked child may run before SIGALRM ends it (its default action kills it).
+CHILD_SECONDS = 30
+
+
+@pytest.mark.catalogue("forked-child")
+@pytest.mark.parametrize("backend", FORKABLE)
+def test_a_forked_child_finds_every_guard_unlocked(backend: str) -> None:
+    """fork() copies a lock as it is: a guard that another thread of the parent held
+    at that moment would stay locked in the child forever. Here another thread holds
+    every one of djlocks' guards (connections, history, listeners, the backends' own)
+    while the parent forks; the child still takes and releases a lock."""
+    with db_lock("fork:warm-up", backend=backend, ttl=3):  # start the listeners
+        pass
+    guards = list(forksafe._every_lock)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_every_guard() -> None:
+        with contextlib.ExitStack() as stack:
+            for guard in guards:
+                stack.enter_context(guard)
+            holding.set()
+            done.wait(60)
+
+    holder = threading.Thread(target=hold_every_guard)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            child = os.fork()
+        if child == 0:
+            signal.alarm(CHILD_SECONDS)
+            try:
+                with db_lock("fork:guards", backend=backend, timeout=5, ttl=3):
+                    pass
+            except BaseException:
+                traceback.print_exc()
+                os._exit(12)
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+    finally:
+        done.set()
+        holder.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child hung or failed (see above)"
 
 
 @pytest.mark.catalogue("late-acquire-reply", "lost-acquire-reply", "lost-release-reply")

@@ -28,12 +28,12 @@ from django.utils import timezone
 from djlocks import Lock, LockLost, ReleaseRequested
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
-from djlocks.backends.lease import REVOKED
 from djlocks.backends.locmem import LocMemBackend
 from djlocks.backends.redis import RedisBackend
-from djlocks.events import Kind
+from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.grant import RELEASE_REQUESTED, Grant
 from djlocks.inspection import force_release, request_release
+from djlocks.kinds import Kind
 from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_LOST
 from djlocks.stress import current_database_names, manage_command
@@ -320,7 +320,7 @@ def wait_until_listening(backend: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE query = %s",
-                [f"LISTEN {REVOKED}"],
+                [f"LISTEN {LEASE_REVOKED}"],
             )
             return int(cursor.fetchone()[0])
 

@@ -1,15 +1,15 @@
 """The row backend (SELECT ... FOR UPDATE in the caller's transaction) against the real
 server: the contract, and the fault catalogue's exact-counter, semaphore-limit,
-waiters-in-turn, lost-acquire-reply (through a TCP proxy), cancelled-acquires,
+waiters-in-turn, lost-acquire-reply (through a TCP proxy),
 deadlock-victim, forced-release and admin-matches-store on PostgreSQL and MariaDB, and on
 SQLite the shape of its one write lock. try-lock-burst, holder-killed and
-lock-covers-commit run for every backend in test_reliability.py."""
+lock-covers-commit run for every backend in test_reliability.py; cancelled-acquires and
+runlocked-supervision in test_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,14 +23,12 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, NotAcquired, Semaphore
 from djlocks.backends import backends
-from djlocks.backends.base import Abort
 from djlocks.exceptions import LockDeadlock, NotHeld
 from djlocks.inspection import force_release
 from djlocks.models import LockEvent
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
-from tests.faults import TcpProxy
-from tests.processes import finished, runlocked
+from tests.faults import TcpProxy, free_port
 from tests.workers import CONTEXT, hold_then_report, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
@@ -46,7 +44,7 @@ servers_only = pytest.mark.skipif(
 def nothing_left_in_the_server(store: None) -> Iterator[None]:
     yield
     # MariaDB's view of transactions (INNODB_TRX) lags by up to a second, so a
-    # grant that just committed may show for that long (see row_mysql).
+    # grant that just committed may show for that long (see row.mysql).
     deadline = time.monotonic() + 2
     while backends[ROW].holders() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -121,6 +119,26 @@ def test_outside_a_transaction_the_with_block_is_the_transaction() -> None:
     assert try_elsewhere()
 
 
+@servers_only
+def test_the_blocks_own_exception_survives_a_connection_that_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The holder's connection is terminated (a forced release) and the server cannot
+    be reached again when the block raises: the caller sees its own exception, not
+    the failed rollback's, and the next acquire reconnects."""
+    with pytest.raises(RuntimeError, match="the block fails"), lock("r:gone"):
+        in_other_thread(
+            lambda: force_release(backends[ROW].holders("r:gone"), reason="t", operator="ops")
+        )
+        monkeypatch.setitem(connection.settings_dict, "PORT", str(free_port()))
+        raise RuntimeError("the block fails")
+    monkeypatch.undo()
+    assert not connection.in_atomic_block
+    with lock("r:gone") as grant:
+        assert grant.fence is not None
+    assert try_elsewhere("r:gone")
+
+
 @pytest.mark.catalogue("two-handles", backend=ROW)
 def test_a_second_handle_waits_and_times_out_leaving_the_transaction_usable() -> None:
     with lock():
@@ -152,7 +170,7 @@ def test_fences_rise_and_a_rolled_back_grant_never_gets_its_fence_again() -> Non
                     raise ValueError("roll this transaction back")
         except ValueError:
             pass
-    if SQLITE:  # the fence is written in the transaction itself (see row_sqlite)
+    if SQLITE:  # the fence is written in the transaction itself (see row.sqlite)
         assert fences[2] == fences[1] > fences[0]
     else:
         assert fences == sorted(fences) and len(set(fences)) == 3
@@ -301,25 +319,6 @@ def _try_row(name: str) -> bool:
     return True
 
 
-@pytest.mark.catalogue("cancelled-acquires", backend=ROW)
-@servers_only
-def test_cancelled_acquires_leave_nothing_behind() -> None:
-    with lock("r:cancel"):
-
-        def cancelled_wait(delay: float) -> object:
-            abort = Abort()
-            threading.Timer(delay, abort.set).start()
-            return lock("r:cancel").acquire_grant(abort=abort)
-
-        for _ in range(20):
-            assert in_other_thread(lambda: cancelled_wait(random.uniform(0, 0.05))) is None
-        assert backends[ROW].waiters("r:cancel") == []
-        assert len(backends[ROW].holders("r:cancel")) == 1
-    began = time.monotonic()
-    assert try_elsewhere("r:cancel")
-    assert time.monotonic() - began < 1
-
-
 @pytest.mark.catalogue("deadlock-victim", backend=ROW)
 @servers_only
 def test_a_deadlock_between_two_names_has_one_typed_victim() -> None:
@@ -395,12 +394,3 @@ def _hold_plainly(name: str, hold: threading.Event, outcome: list[object]) -> No
         outcome.append("committed")
     finally:
         connection.close()
-
-
-@pytest.mark.catalogue("runlocked-supervision", backend=ROW)
-def test_runlocked_on_row_locks() -> None:
-    with lock("r:cron"):
-        conflict = runlocked("r:cron", "--backend", ROW, "--timeout", "0", "--", "true")
-        assert finished(conflict) == 75
-    ran = runlocked("r:cron", "--backend", ROW, "--", "sh", "-c", "exit 3")
-    assert finished(ran) == 3

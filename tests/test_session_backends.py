@@ -1,14 +1,14 @@
 """Session backends (GET_LOCK on MariaDB, advisory locks on PostgreSQL) against the
 real server: the contract, crash release, forced release, identity, interoperation
-with the mysql and psql clients, the lock covering the commit, cancellation,
-runlocked, and a PgBouncer in transaction pooling mode refused.
+with the mysql and psql clients, the lock covering the commit, and a PgBouncer in
+transaction pooling mode refused (cancellation, cool-downs and runlocked are in
+test_contract.py).
 
 They run in the postgresql and mysql runs of `make test` (CI runs all three);
 SQLite has no session locks, so the sqlite run does not collect them."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -29,10 +28,10 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
-from djlocks.backends.postgresql import LOCK_KEY
+from djlocks.backends.sql.postgresql import LOCK_KEY
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.inspection import force_release
-from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST, EXIT_UNAVAILABLE
+from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
 from tests.faults import PgBouncer, TcpProxy
 from tests.processes import manage
@@ -347,28 +346,6 @@ def test_inside_a_transaction_the_acquire_is_refused() -> None:
         lock().acquire()
 
 
-def test_a_cooldown_is_refused_with_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="cool-down needs a lease backend"):
-        lock(cooldown=5).acquire()
-
-
-@pytest.mark.catalogue("cancelled-acquires", backend=SESSION)
-def test_a_cancelled_async_wait_leaves_nothing_behind() -> None:
-    async def wait_then_cancel() -> None:
-        attempt = asyncio.ensure_future(lock().__aenter__())
-        await asyncio.sleep(0.5)
-        attempt.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await attempt
-
-    with lock():
-        asyncio.run(wait_then_cancel())
-    time.sleep(0.3)  # the killed session ends in the server
-    after = lock()
-    assert after.acquire(timeout=0)
-    after.release()
-
-
 @pytest.mark.catalogue("semaphore-limit", backend=SESSION)
 def test_semaphore_strength_test_reaches_the_limit_and_never_passes_it() -> None:
     plan = StressPlan(SESSION, processes=8, iterations=12, limit=3, hold_ms=30)
@@ -440,43 +417,6 @@ def test_list_json_shows_session_holders() -> None:
         call_command("djlocks", "list", "--backend", SESSION, "--json", stdout=out)
         (holder,) = json.loads(out.getvalue())["holders"]
         assert holder["label"] == "shown" and holder["connection_id"]
-
-
-def runlocked(*args: str) -> subprocess.Popen[str]:
-    command = [*manage_command(current_database_names()), "runlocked", "--backend", SESSION]
-    return subprocess.Popen([*command, *args], text=True)
-
-
-@pytest.mark.catalogue("runlocked-supervision", backend=SESSION)
-def test_runlocked_on_session_locks(tmp_path: Path) -> None:
-    with lock("s:cron"):
-        assert runlocked("s:cron", "-n", "--", "true").wait(30) == EXIT_CONFLICT
-    pid_file = tmp_path / "pid"
-    wrapper = runlocked(
-        "s:cron",
-        "--ttl",
-        "1.5",
-        "--kill-after",
-        "0.5",
-        "--",
-        "sh",
-        "-c",
-        f"echo $$ > {pid_file}; exec sleep 300",
-    )
-    deadline = time.monotonic() + 20
-    while not backends[SESSION].holders("s:cron"):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    assert len(force_release(backends[SESSION].holders("s:cron"))) == 1
-    assert wrapper.wait(10) == EXIT_LOST
-    # SIGKILL of the wrapper: the server frees the lock at once (its session ends).
-    wrapper = runlocked("s:cron", "--", "sleep", "300")
-    while not backends[SESSION].holders("s:cron"):
-        assert time.monotonic() < deadline + 20
-        time.sleep(0.05)
-    wrapper.kill()
-    wrapper.wait(10)
-    assert_free_within_a_second("s:cron")
 
 
 @pytest.mark.skipif(

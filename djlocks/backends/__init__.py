@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import atexit
-import threading
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from djlocks.backends.base import LockBackend
 from djlocks.conf import djlocks_settings
+from djlocks.forksafe import ForkSafeLock
 
 
 class BackendHandler:
     """Builds each configured backend once per process and hands it out by alias."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = ForkSafeLock()
         self._backends: dict[str, LockBackend] = {}
+        self._built_from: dict[str, Any] | None = None  # DJLOCKS["BACKENDS"] they came from
 
     def __getitem__(self, alias: str) -> LockBackend:
         backend = self._backends.get(alias)
@@ -25,6 +28,7 @@ class BackendHandler:
             with self._lock:
                 backend = self._backends.get(alias) or self._build(alias)
                 self._backends[alias] = backend
+                self._built_from = djlocks_settings()["BACKENDS"]
         return backend
 
     def _build(self, alias: str) -> LockBackend:
@@ -57,12 +61,23 @@ class BackendHandler:
 
         with self._lock:
             built, self._backends = list(self._backends.values()), {}
+            self._built_from = None
         for backend in built:
             backend.close()
         DedicatedConnections.close_all()
 
+    def settings_changed(self, *, setting: str, **kwargs: Any) -> None:
+        """Rebuild the backends when a test changes ``DJLOCKS["BACKENDS"]`` (and only then:
+        changing another key keeps every connection and listener)."""
+        if setting != "DJLOCKS" or self._built_from is None:
+            return
+        if djlocks_settings()["BACKENDS"] != self._built_from:
+            self.reset()
+
 
 backends = BackendHandler()
+# Connected after djlocks.conf's receiver (imported above), which re-reads DJLOCKS first.
+setting_changed.connect(backends.settings_changed, dispatch_uid="djlocks.backends")
 # Listener threads are daemons: stopped before the interpreter finalises, none is caught
 # inside a store's client (a daemon thread ended there can crash the exiting process).
 atexit.register(backends.reset)

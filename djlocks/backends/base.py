@@ -2,83 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from django.core.checks import CheckMessage, Error
 
+from djlocks.backends.waiting import Abort
 from djlocks.identity import Identity
 
 T = TypeVar("T")
-
-
-class Abort(threading.Event):
-    """Set by another thread to end a blocked acquire early (asyncio cancellation, a signal).
-
-    A backend that waits inside a server cannot be woken by the event alone:
-    it registers a canceller with ``cancelling()``, which ``set()`` calls (in
-    the setting thread), e.g. to kill the waiting connection.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._cancellers: list[Callable[[], None]] = []
-        self._cancellers_guard = threading.Lock()
-
-    def set(self) -> None:
-        """Set the flag, then call every registered canceller (in this thread)."""
-        super().set()
-        with self._cancellers_guard:
-            cancellers = list(self._cancellers)
-        for cancel in cancellers:
-            cancel()
-
-    @contextlib.contextmanager
-    def cancelling(self, cancel: Callable[[], None]) -> Iterator[None]:
-        """Call ``cancel`` if the abort is set while the block runs (perhaps twice)."""
-        with self._cancellers_guard:
-            self._cancellers.append(cancel)
-        try:
-            if self.is_set():
-                cancel()
-            yield
-        finally:
-            with self._cancellers_guard:
-                self._cancellers.remove(cancel)
-
-
-def seconds_left(deadline: float | None) -> float | None:
-    """Seconds until ``deadline`` (a ``time.monotonic()`` value), never negative; ``None`` stays."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
-POLL_MIN = 0.001  # seconds; a queue's head polls from here ...
-POLL_MAX = 0.004  # ... backing off to here
-
-
-def poll_with_backoff(
-    attempt: Callable[[], T | None], deadline: float | None, abort: Abort | None = None
-) -> T | None:
-    """Call ``attempt`` until it returns a value, sleeping ``POLL_MIN`` to ``POLL_MAX`` between.
-
-    Only the head of a queue polls this way (the others wait in the server).
-    Returns ``None`` when ``deadline`` passes or ``abort`` is set first.
-    """
-    pause = POLL_MIN
-    while (outcome := attempt()) is None:
-        left = seconds_left(deadline)
-        if left == 0 or (abort is not None and abort.is_set()):
-            return None
-        time.sleep(pause if left is None else min(pause, left))
-        pause = min(pause * 1.5, POLL_MAX)
-    return outcome
 
 
 @dataclass(frozen=True)
@@ -142,6 +78,21 @@ class WaiterInfo:
     since: datetime
 
 
+#: One waiter as a store lists it: name, host, pid, thread, label, waiting since.
+Waiting = tuple[str, str, int, str, str, datetime]
+
+
+def in_queue_order(backend: str, waiting: Iterable[Waiting]) -> list[WaiterInfo]:
+    """``WaiterInfo`` records of ``backend`` from ``waiting``, given in queue order
+    (names may interleave); each name's positions count from 0, the next in line."""
+    positions: dict[str, int] = {}
+    records = []
+    for name, host, pid, thread, label, since in waiting:
+        position = positions[name] = positions.get(name, -1) + 1
+        records.append(WaiterInfo(name, backend, position, host, pid, thread, label, since))
+    return records
+
+
 @dataclass(frozen=True)
 class CooldownInfo:
     """A released slot that may not be granted again before ``until`` (a cool-down)."""
@@ -150,6 +101,38 @@ class CooldownInfo:
     backend: str
     slot: int
     until: datetime
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do, declared by the backend and asked by djlocks' checks,
+    commands, admin and contract tests (never inferred from class names)."""
+
+    #: Waiters are granted in arrival order, and a newcomer never barges past them.
+    fifo: bool
+    #: Limits above 1 (counting semaphores) are accepted.
+    semaphores: bool
+    #: A released slot can be held back for a cool-down (``set_cooldown``).
+    cooldowns: bool
+    #: How a holder that died (SIGKILL, lost host) stops holding. ``"ttl"`` when its
+    #: lease runs out; ``"session"`` at once, when the server ends its session or
+    #: transaction; ``"process"`` with the process (in-memory stores).
+    crash_release: Literal["ttl", "session", "process"]
+    #: djlocks can write the history of this store's grants (``DJLOCKS["EVENTS"]``).
+    history: bool
+    #: An operator can ask a holder to give its grant back (``request_release``).
+    graceful_release: bool
+    #: The store tells a holder at once that its grant was taken (``watch``); else the
+    #: holder learns it at its next renewal or check.
+    pushes_revocation: bool
+    #: Grants exclude other processes and hosts, not only other threads.
+    shared_between_processes: bool
+    #: An operator can list the holders and take their grants away (``force_release``);
+    #: not where the store cannot see other connections' locks (row locks on SQLite).
+    forced_release: bool = True
+    #: A grant lives in the acquiring thread's database transaction, so it is released
+    #: in that thread, never from async code.
+    in_caller_transaction: bool = False
 
 
 class LockBackend(ABC):
@@ -163,13 +146,11 @@ class LockBackend(ABC):
 
     #: What a forced release does to the holder, for the admin's confirmation page.
     forced_release_effect = "its grant is taken away"
-    #: False where djlocks cannot write the history of this store's grants.
-    records_history = True
-    #: True where an operator can ask a holder to give its grant back (``request_release``).
-    releases_gracefully = False
-    #: True where a grant lives in the acquiring thread's database transaction
-    #: (the row backend): it is released in that thread, never from async code.
-    in_caller_transaction = False
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this backend can do; a class attribute where it does not depend on the database."""
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -255,7 +236,7 @@ class LockBackend(ABC):
         when the wait runs out. The holder learns it (``ReleaseRequested``) at
         its next renewal or check, at once where the store can push (``watch``).
         Returns 1, or 0 if the grant had already ended. Raises ``ValueError``
-        where the backend cannot do this (``releases_gracefully`` is False: this
+        where the backend cannot do this (``capabilities.graceful_release`` is False: this
         default), and ``BackendUnavailable`` when the store cannot be reached.
         """
         raise ValueError(
@@ -275,6 +256,13 @@ class LockBackend(ABC):
         function that ends the watch, or ``None`` where the store cannot push
         (this default): the holder then learns at its next renewal or check.
         """
+        return None
+
+    def key(self, name: str, slot: int | str | None = None) -> int | str | None:
+        """The server's own lock key for ``name`` (``slot=None``), a semaphore slot (int)
+        or its gate (``"gate"``), for finding it with the database's tools
+        (``djlocks key``); ``None`` (this default) where the store keeps names in
+        djlocks' tables or keys rather than in server lock keys."""
         return None
 
     def close(self) -> None:

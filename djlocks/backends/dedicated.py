@@ -21,6 +21,8 @@ from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
 
+from djlocks.forksafe import ForkSafeLock
+
 OnConnect = Callable[[BaseDatabaseWrapper], None]
 #: The settings that tell database servers apart.
 SERVER_KEYS = ("ENGINE", "HOST", "PORT")
@@ -44,7 +46,7 @@ class DedicatedConnections(threading.local):
 
     _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
     _instances: ClassVar[weakref.WeakSet[DedicatedConnections]] = weakref.WeakSet()
-    _every_thread_guard: ClassVar[threading.Lock] = threading.Lock()
+    _every_thread_guard: ClassVar[ForkSafeLock] = ForkSafeLock()
 
     @classmethod
     def new_wrapper(cls, using: str) -> BaseDatabaseWrapper:

@@ -21,9 +21,8 @@ server frees the locks of a client that vanished silently within that time.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 from django.core import checks
 from django.core.checks import CheckMessage, Error
@@ -31,35 +30,20 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import WaiterInfo
-from djlocks.backends.session import Key, Session, SessionBackend, owner_described
+from djlocks.backends.described import owner_described
+from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.backends.session_deadlocks import Wait
+from djlocks.backends.sql import mysql
 from djlocks.conf import djlocks_settings
-from djlocks.exceptions import LockDeadlock
 from djlocks.keys import mysql_key
-
-FOREVER = 365 * 24 * 3600  # seconds; MariaDB refuses a negative GET_LOCK time-out
-#: ER_USER_LOCK_DEADLOCK (MySQL 8), ER_LOCK_DEADLOCK (MariaDB's answer to the same cycle).
-DEADLOCK_ERRORS = (3058, 1213)
-WAITING_CALL = re.compile(r"GET_LOCK\('((?:[^'\\]|\\.)*)'")
-COMMENT = re.compile(r"/\* (djlocks .*?) \*/", re.DOTALL)
-
-
-def sql_comment(description: str) -> str:
-    """``description`` (``session.describe``) as the ``/* ... */`` comment that names a
-    waiting statement in the process list, for a query run with parameters.
-
-    The description holds a label, which is anyone's text: a ``*/`` in it would end
-    the comment (it becomes ``* /``), and each ``%`` is doubled because the driver
-    formats a query that has parameters with ``%`` (``date +%Y`` would raise).
-    ``COMMENT`` reads it back; what follows it is the statement itself.
-    """
-    return "/* " + description.replace("*/", "* /").replace("%", "%%") + " */"
 
 
 class GetLockBackend(SessionBackend):
     """Locks and semaphores on MySQL/MariaDB ``GET_LOCK``."""
 
     vendor = "mysql"
+    #: MySQL's manual promises no order among GET_LOCK waiters (MariaDB's neither).
+    serves_waiters_in_order = False
     try_sql = "GET_LOCK(%s, 0) = 1"
 
     def key(self, name: str, slot: int | str | None = None) -> str:
@@ -101,77 +85,48 @@ class GetLockBackend(SessionBackend):
         session.execute("SET SESSION wait_timeout = %s", (idle_limit,))
 
     def _connection_id(self, session: Session) -> int:
-        return int(session.execute("SELECT CONNECTION_ID()")[0])
+        with session.cursor() as cursor:
+            return mysql.connection_id(cursor)
 
     def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
-        while True:
-            wait = FOREVER if seconds is None else seconds
-            try:
-                row = session.execute(
-                    f"SELECT {sql_comment(identity)} GET_LOCK(%s, %s)", (key, wait)
-                )
-            except DatabaseError as exc:
-                if exc.args and exc.args[0] in DEADLOCK_ERRORS:
-                    raise LockDeadlock(f"MySQL refused a wait that would deadlock: {exc}") from exc
-                raise
-            if row[0] is None:
+        while True:  # a wait "forever" that ran out after FOREVER seconds waits again
+            with session.cursor() as cursor:
+                granted = mysql.get_lock(cursor, str(key), seconds, identity)
+            if granted is None:
                 raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
-            if row[0] == 1 or seconds is not None:
-                return bool(row[0] == 1)
+            if granted == 1 or seconds is not None:
+                return granted == 1
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        return bool(session.execute("SELECT RELEASE_LOCK(%s)", (key,))[0] == 1)
+        with session.cursor() as cursor:
+            return mysql.release_lock(cursor, str(key))
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
-        if (
-            key is not None
-            and session.execute("SELECT IS_USED_LOCK(%s)", (key,))[0] != connection_id
-        ):
-            return 0
-        try:
-            session.execute("KILL CONNECTION %s", (connection_id,))
-        except DatabaseError as exc:
-            if "Unknown thread id" in str(exc):
+        with session.cursor() as cursor:
+            if key is not None and mysql.lock_holders(cursor, [str(key)]).get(str(key)) != (
+                connection_id
+            ):
                 return 0
-            raise
-        return 1
+            return mysql.kill_connection(cursor, connection_id)
 
     def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
         live: dict[Key, int] = {}
-        for start in range(0, len(keys), 100):
-            chunk = keys[start : start + 100]
-            row = session.execute(
-                "SELECT " + ", ".join(["IS_USED_LOCK(%s)"] * len(chunk)), tuple(chunk)
-            )
-            live.update(
-                {
-                    key: int(owner)
-                    for key, owner in zip(chunk, row, strict=True)
-                    if owner is not None
-                }
-            )
+        with session.cursor() as cursor:
+            live.update(mysql.lock_holders(cursor, [str(key) for key in keys]))
         return live
 
     def _waiting_calls(self, session: Session) -> list[tuple[int, str, str, datetime]]:
         """(connection id, key, description, since) of every djlocks ``GET_LOCK`` waiting."""
-        now = session.execute("SELECT UTC_TIMESTAMP(6)")[0].replace(tzinfo=UTC)
-        rows = session.fetchall(
-            "SELECT ID, TIME_MS, INFO FROM information_schema.PROCESSLIST "
-            "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
-            ("%djlocks%GET_LOCK(%",),
-        )
-        calls = []
-        for connection_id, elapsed_ms, query in rows:
-            comment = COMMENT.search(query)
-            # The call is read after the comment: a label could spell GET_LOCK('...' too.
-            call = None if comment is None else WAITING_CALL.search(query, comment.end())
-            if call is not None and comment is not None:
-                since = now - timedelta(milliseconds=float(elapsed_ms))
-                calls.append((int(connection_id), call.group(1), comment.group(1), since))
-        return calls
+        with session.cursor() as cursor:
+            statements = mysql.waiting_statements(cursor)
+        return [
+            (session_id, call.group(1), description, since)
+            for session_id, description, statement, since in statements
+            if (call := mysql.WAITING_CALL.search(statement)) is not None
+        ]
 
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         names = self._waited_names(name)

@@ -23,26 +23,28 @@ from collections.abc import Sequence
 from django.db import DatabaseError
 
 from djlocks.backends.base import WaiterInfo
-from djlocks.backends.session import Key, Session, SessionBackend, owner_described
+from djlocks.backends.described import owner_described
+from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.backends.session_deadlocks import Wait
+from djlocks.backends.sql import postgresql
+from djlocks.backends.sql.postgresql import ADVISORY_HELD, ADVISORY_WAITING, LOCK_KEY
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import advisory_key
 
-#: The signed bigint key of an advisory lock row of ``pg_locks``.
-LOCK_KEY = "((l.classid::bigint << 32) | l.objid::bigint)"
 KEEPALIVE = {
     "tcp_keepalives_idle": "10",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",
 }
 NO_IDLE_LIMITS = ("idle_session_timeout", "idle_in_transaction_session_timeout")
-LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED = "55P03", "40P01"
 
 
 class AdvisoryLockBackend(SessionBackend):
     """Locks and semaphores on PostgreSQL session-level advisory locks."""
 
     vendor = "postgresql"
+    #: PostgreSQL's lock manager queues waiters for a lock in arrival order.
+    serves_waiters_in_order = True
     try_sql = "pg_try_advisory_lock(%s)"
 
     def key(self, name: str, slot: int | str | None = None) -> int:
@@ -61,18 +63,21 @@ class AdvisoryLockBackend(SessionBackend):
     def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
         if seconds == 0:
             return bool(session.execute("SELECT pg_try_advisory_lock(%s)", (key,))[0])
-        timeout = "0" if seconds is None else f"{max(1, round(seconds * 1000))}ms"
         try:
             session.execute(
                 "SELECT set_config('application_name', %s, false), "
                 "set_config('lock_timeout', %s, false), pg_advisory_lock(%s)",
-                (identity[:63], timeout, key),
+                (
+                    postgresql.application_name(identity),
+                    postgresql.lock_timeout(seconds),
+                    key,
+                ),
             )
         except DatabaseError as exc:
-            state = getattr(exc.__cause__, "sqlstate", None)
-            if state == LOCK_NOT_AVAILABLE:
+            state = postgresql.sqlstate(exc)
+            if state == postgresql.LOCK_NOT_AVAILABLE:
                 return False
-            if state == DEADLOCK_DETECTED:
+            if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise
         return True
@@ -83,9 +88,8 @@ class AdvisoryLockBackend(SessionBackend):
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(
             session.execute(
-                f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' "
-                f"AND l.granted AND l.objsubid = 1 AND l.pid = pg_backend_pid() "
-                f"AND {LOCK_KEY} = %s)",
+                f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {ADVISORY_HELD} "
+                f"AND l.pid = pg_backend_pid() AND {LOCK_KEY} = %s)",
                 (key,),
             )[0]
         )
@@ -98,9 +102,8 @@ class AdvisoryLockBackend(SessionBackend):
         # Check and kill in one statement: only the session that holds the key now.
         return int(
             session.execute(
-                f"SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid, 5000)) "
-                f"FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-                f"AND l.objsubid = 1 AND l.pid = %s AND {LOCK_KEY} = %s",
+                f"SELECT {postgresql.terminated('l.pid')} FROM pg_locks l "
+                f"WHERE {ADVISORY_HELD} AND l.pid = %s AND {LOCK_KEY} = %s",
                 (connection_id, key),
             )[0]
         )
@@ -109,8 +112,8 @@ class AdvisoryLockBackend(SessionBackend):
         if not keys:
             return {}
         rows = session.fetchall(
-            f"SELECT {LOCK_KEY}, l.pid FROM pg_locks l WHERE l.locktype = 'advisory' "
-            f"AND l.granted AND l.objsubid = 1 AND {LOCK_KEY} = ANY(%s)",
+            f"SELECT {LOCK_KEY}, l.pid FROM pg_locks l "
+            f"WHERE {ADVISORY_HELD} AND {LOCK_KEY} = ANY(%s)",
             (list(keys),),
         )
         return {int(key): int(pid) for key, pid in rows}
@@ -122,7 +125,7 @@ class AdvisoryLockBackend(SessionBackend):
             f"JOIN pg_locks h ON h.locktype = 'advisory' AND h.granted "
             f"AND h.database IS NOT DISTINCT FROM l.database AND h.classid = l.classid "
             f"AND h.objid = l.objid AND h.objsubid = l.objsubid "
-            f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1"
+            f"WHERE {ADVISORY_WAITING}"
         )
         return [
             Wait(int(pid), owner_described(who), since, int(key), int(holder))
@@ -134,7 +137,7 @@ class AdvisoryLockBackend(SessionBackend):
         with self._side_session() as side:
             rows = side.fetchall(
                 f"SELECT {LOCK_KEY}, a.application_name, a.query_start FROM pg_locks l "
-                f"JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' "
-                f"AND NOT l.granted AND l.objsubid = 1 ORDER BY a.query_start, a.pid"
+                f"JOIN pg_stat_activity a ON a.pid = l.pid WHERE {ADVISORY_WAITING} "
+                f"ORDER BY a.query_start, a.pid"
             )
         return self._as_waiters([(names.get(int(key)), app, since) for key, app, since in rows])

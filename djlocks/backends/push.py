@@ -26,6 +26,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from djlocks.forksafe import ForkSafeLock
+
 if TYPE_CHECKING:
     from redis import Redis
 
@@ -54,7 +56,7 @@ class PushListener(ABC):
     thread_name = "djlocks-revocations"
 
     def __init__(self) -> None:
-        self._guard = threading.Lock()
+        self._guard = ForkSafeLock()
         self._watching: dict[str, Callable[[], None]] = {}
         self._run: Run | None = None
         self._pid = os.getpid()
@@ -226,7 +228,7 @@ class ClosedSockets:
     HANG_UP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0)
 
     def __init__(self) -> None:
-        self._guard = threading.Lock()
+        self._guard = ForkSafeLock()
         self._watching: dict[str, tuple[int, Callable[[], None]]] = {}
         self._pid = 0
         self._thread: threading.Thread | None = None

@@ -1,15 +1,21 @@
-"""Every statement djlocks runs on a database server, one module per vendor.
+"""The SQL that depends on the database, one module per vendor.
 
-In the spirit of Django's ``connection.ops``: the backend families (lease
-rows, session locks, row locks) say *what* they need, and ``for_vendor``
-hands them the module that says it in this database's SQL: the statements,
-the error codes, how to kill a session and how to list waiting sessions.
-No family imports another family; each imports only these modules.
+In the spirit of Django's ``connection.ops``: each module says in its
+database's SQL what djlocks needs there: the lease rows' dialect
+(``LEASE``), issuing a fence and recording a holder for the locks a server
+holds, taking and releasing a named lock, killing a session, listing the
+sessions that wait, and the error codes that tell a time-out from a
+deadlock. The backend families (lease rows, session locks, row locks) call
+these modules and never import one another; a statement that only one
+vendor backend runs stays beside it (the GET_LOCK backend's in
+``djlocks.backends.mysql``, the row backend's in ``row.mysql``).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+
+from djlocks.backends.sql.dialects import LeaseDialect
 
 
 def for_vendor(vendor: str) -> ModuleType:
@@ -24,3 +30,9 @@ def for_vendor(vendor: str) -> ModuleType:
             "use PostgreSQL, MySQL/MariaDB or SQLite, or the Redis backend."
         )
     return modules[vendor]
+
+
+def lease_dialect(vendor: str) -> LeaseDialect:
+    """The lease rows' SQL fragments on ``vendor``; ``ValueError`` for other databases."""
+    dialect: LeaseDialect = for_vendor(vendor).LEASE
+    return dialect

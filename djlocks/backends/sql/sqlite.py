@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from djlocks.backends.sql.dialects import LeaseDialect
+
+# -- History (djlocks.events) ------------------------------------------------
+
+#: Run once on the history's own connection: nothing.
+HISTORY_SESSION: str | None = None
+
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
-
-# -- Session locks (djlocks.backends.session) ---------------------------------
-
-
-# -- Row locks (djlocks.backends.row) -------------------------------------------
-
-
-# -- Server sessions: who waits, who holds, killing a session -------------------
+LEASE = LeaseDialect(
+    now="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
+    plus_seconds="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
+    for_update="",
+    returning=True,
+    fence_increment="fence = fence + 1",
+    # No row locks: IMMEDIATE takes the database's write lock up front.
+    begin="BEGIN IMMEDIATE",
+    seconds_param=lambda seconds: f"+{seconds:.3f} seconds",
+)

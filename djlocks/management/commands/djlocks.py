@@ -1,4 +1,4 @@
-"""``manage.py djlocks list|show|release|sweep|stress``: inspect, force, clean, test."""
+"""``manage.py djlocks list|show|release|key|sweep|stress``: inspect, force, find, clean, test."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from djlocks.arguments import printable, validate_name, validate_text
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
-from djlocks.backends.session import SessionBackend
 from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import (
@@ -52,7 +51,8 @@ class Command(BaseCommand):
     """
 
     help = (
-        "Inspect djlocks' locks and semaphores, release them by force, sweep, stress-test. "
+        "Inspect djlocks' locks and semaphores, release them by force, print a name's server "
+        "lock key, sweep, stress-test. "
         f"Exit status: {USAGE_ERROR} for bad usage; {EXIT_UNAVAILABLE} from list and show "
         "when a store could not be asked (the reachable ones are still shown), and from "
         "release when a store failed part-way."
@@ -323,15 +323,15 @@ class Command(BaseCommand):
     # -- key -----------------------------------------------------------------
 
     def key(self, *, name: str, backend: str, slot: str | None, **unused: Any) -> None:
-        store = backends[backend]
-        if not isinstance(store, SessionBackend):
+        key = backends[backend].key(name, _slot(slot))
+        if key is None:
             raise CommandError(
                 f"Backend {backend!r} keeps names in table rows under name_key = "
                 f"{table_key(name)} (the SHA-256 of the name); only session backends "
                 f"have server lock keys.",
                 returncode=USAGE_ERROR,
             )
-        self.stdout.write(str(store.key(name, _slot(slot))))
+        self.stdout.write(str(key))
 
     # -- sweep ---------------------------------------------------------------
 

@@ -1,107 +1,32 @@
-"""What each database does differently for row locks, behind one small interface.
+"""What PostgreSQL and MySQL/MariaDB share for row locks.
 
-``RowDialect`` is what ``RowLockBackend`` calls; ``ServerRowDialect`` holds
-what PostgreSQL and MySQL/MariaDB share: rows created on first use on
-djlocks' own connection, fences and holders recorded there
-(``server_records``), holders read back through the server's lock state,
-and a semaphore's waiters queued on a named lock (the gate) whose holder
-polls the slots with ``SKIP LOCKED``.
+Rows created on first use on djlocks' own connection, fences and holders
+recorded there (``server_records``), holders read back through the server's
+lock state, and a semaphore's waiters queued on a named lock (the gate) whose
+holder polls the slots with ``SKIP LOCKED``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
-from django.core.checks import CheckMessage
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
-from djlocks.backends.base import (
-    Abort,
-    AcquireRequest,
-    HolderInfo,
-    WaiterInfo,
-    poll_with_backoff,
-    seconds_left,
-)
+from djlocks.backends.base import AcquireRequest, HolderInfo
+from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
 from djlocks.backends.server_records import ROW_TABLES, known_names, record_grant, register_name
+from djlocks.backends.waiting import Abort, poll_with_backoff, seconds_left
+from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import table_key
 
 if TYPE_CHECKING:
-    from djlocks.backends.row import OwnTransaction, RowLockBackend
-
-CANCEL_EVERY = 0.05  # seconds between cancels of an aborted wait
-#: The ``djlocks.keys`` slot suffix of a row semaphore's waiters' gate.
-ROW_GATE = "row-gate"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A slot row the caller's transaction has just locked, and on which connection.
-
-    ``fence`` is set where the locking statement issued it too (SQLite).
-    """
-
-    slot: int
-    connection_id: int
-    fence: int | None = None
-
-
-class RowDialect(ABC):
-    """The SQL of one database for ``RowLockBackend``."""
-
-    def __init__(self, backend: RowLockBackend) -> None:
-        self.backend = backend
-        self.alias = backend.alias
-        self.using = backend.using
-
-    @abstractmethod
-    def claim(
-        self,
-        request: AcquireRequest,
-        deadline: float | None,
-        abort: Abort | None,
-        own: OwnTransaction | None,
-        taken: frozenset[int],
-    ) -> Claim | None:
-        """Lock a free slot row in the caller's transaction, waiting until ``deadline``.
-
-        ``own`` is the transaction to begin first when the caller had none;
-        ``taken`` are slots this thread's transaction holds already (skip them).
-
-        Raises ``ValueError`` if the database cannot give ``request.limit`` slots.
-        """
-
-    @abstractmethod
-    def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
-        """Issue the fence and record the holder; return the fence."""
-
-    @abstractmethod
-    def is_live(self, name: str, token: str) -> bool: ...
-
-    @abstractmethod
-    def holders(self, name: str | None) -> list[HolderInfo]: ...
-
-    @abstractmethod
-    def waiters(self, name: str | None) -> list[WaiterInfo]: ...
-
-    @abstractmethod
-    def kill(self, name: str, token: str | None) -> int: ...
-
-    def check_messages(self, query: bool) -> list[CheckMessage]:
-        """System-check messages about this database; ``query`` allows asking the server.
-
-        None by default.
-        """
-        return []
+    from djlocks.backends.row.backend import RowLockBackend
+    from djlocks.backends.row.transaction import OwnTransaction
 
 
 class ServerRowDialect(RowDialect):
@@ -116,7 +41,7 @@ class ServerRowDialect(RowDialect):
     def __init__(self, backend: RowLockBackend) -> None:
         super().__init__(backend)
         self._created: set[tuple[str, int]] = set()
-        self._created_guard = threading.Lock()
+        self._created_guard = ForkSafeLock()
 
     # -- what each server does differently ---------------------------------
 
@@ -287,37 +212,3 @@ class ServerRowDialect(RowDialect):
 
     def _known_names(self, name: str | None) -> list[str]:
         return [known for known, _limit in known_names(ROW_TABLES, self.using, name)]
-
-
-@contextlib.contextmanager
-def cancellable(abort: Abort | None, cancel: Callable[[], None]) -> Iterator[Callable[[], bool]]:
-    """While the block runs, an abort cancels the caller's statement; yields "was it aborted?".
-
-    A cancel that reaches the server between two statements is ignored there,
-    so once the abort is set the cancel is repeated every ``CANCEL_EVERY``
-    seconds until the block ends. A guard orders each cancel against the
-    block's end, so none is sent after it, to a later statement of the caller.
-    """
-    if abort is None:
-        yield lambda: False
-        return
-    running = True
-    guard = threading.Lock()
-
-    def cancel_until_done() -> None:
-        while True:
-            with guard:
-                if not running:
-                    return
-                cancel()
-            time.sleep(CANCEL_EVERY)
-
-    def start_cancelling() -> None:
-        threading.Thread(target=cancel_until_done, name="djlocks-cancel", daemon=True).start()
-
-    with abort.cancelling(start_cancelling):
-        try:
-            yield abort.is_set
-        finally:
-            with guard:
-                running = False

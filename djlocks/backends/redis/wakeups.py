@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from redis import Redis
 from redis.exceptions import RedisError
 
+from djlocks.forksafe import ForkSafeLock
+
 wakeup_log = logging.getLogger("djlocks.acquire")
 
 IDLE_STOP = 30.0  # seconds without a waiter before the listener unsubscribes and ends
@@ -58,7 +60,7 @@ class WakeListener:
     def __init__(self, client: Callable[[], Redis], prefix: str) -> None:
         self._client = client
         self._prefix = prefix
-        self._guard = threading.Lock()
+        self._guard = ForkSafeLock()
         self._waiting: dict[str, Wake] = {}
         self._run: _Run | None = None
         self._pid = 0

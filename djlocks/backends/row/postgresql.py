@@ -28,13 +28,14 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
-from djlocks.backends.postgresql import DEADLOCK_DETECTED, LOCK_KEY, LOCK_NOT_AVAILABLE
-from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect
-from djlocks.backends.session import describe, queue_order
+from djlocks.backends.described import describe, queue_order
+from djlocks.backends.row.dialect import ROW_GATE, Claim
+from djlocks.backends.row.server import ServerRowDialect
+from djlocks.backends.sql import postgresql
+from djlocks.backends.sql.postgresql import ADVISORY_WAITING, LOCK_KEY
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import advisory_key, table_key
 
-QUERY_CANCELED = "57014"
 #: Set the wait's settings (transaction-local) and hand back the caller's, in one sub-query.
 WAIT_SETTINGS = (
     "(SELECT current_setting('lock_timeout') AS old_timeout, "
@@ -61,7 +62,12 @@ class PostgreSQLRows(ServerRowDialect):
             f"SELECT r.slot, pg_backend_pid(), s.old_timeout, s.old_name "
             f"FROM djlocks_row_lock r, {WAIT_SETTINGS} "
             f"WHERE r.name_key = %s AND r.slot = %s FOR UPDATE OF r",
-            (_lock_timeout(seconds), describe(request)[:63], table_key(request.name), slot),
+            (
+                postgresql.lock_timeout(seconds),
+                postgresql.application_name(describe(request)),
+                table_key(request.name),
+                slot,
+            ),
         )
         if rows is None:
             return None
@@ -83,8 +89,8 @@ class PostgreSQLRows(ServerRowDialect):
             f"SELECT s.old_timeout, s.old_name, pg_advisory_lock(%s) FROM {WAIT_SETTINGS}",
             (
                 advisory_key(request.name, ROW_GATE),
-                _lock_timeout(seconds),
-                describe(request)[:63],
+                postgresql.lock_timeout(seconds),
+                postgresql.application_name(describe(request)),
             ),
         )
         if rows is None:
@@ -109,10 +115,10 @@ class PostgreSQLRows(ServerRowDialect):
             rows = list(cursor.fetchall())
         except DatabaseError as exc:
             connection.savepoint_rollback(savepoint)
-            state = getattr(exc.__cause__, "sqlstate", None)
-            if state in (LOCK_NOT_AVAILABLE, QUERY_CANCELED):
+            state = postgresql.sqlstate(exc)
+            if state in (postgresql.LOCK_NOT_AVAILABLE, postgresql.QUERY_CANCELED):
                 return None
-            if state == DEADLOCK_DETECTED:
+            if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
         connection.savepoint_commit(savepoint)
@@ -131,7 +137,7 @@ class PostgreSQLRows(ServerRowDialect):
 
     def _terminate(self, cursor: Any, holder: HolderInfo) -> int:
         cursor.execute(
-            f"SELECT count(*) FILTER (WHERE pg_terminate_backend(h.connection_id::integer, 5000)) "
+            f"SELECT {postgresql.terminated('h.connection_id::integer')} "
             f"{self.LIVE_HOLDERS} AND h.token = %s",
             (holder.token,),
         )
@@ -150,8 +156,7 @@ class PostgreSQLRows(ServerRowDialect):
                 f"UNION ALL "
                 f"SELECT NULL, {LOCK_KEY}, a.application_name, a.query_start, a.pid "
                 f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 "
-                f"AND {LOCK_KEY} = ANY(%s) ORDER BY 4, 5",
+                f"WHERE {ADVISORY_WAITING} AND {LOCK_KEY} = ANY(%s) ORDER BY 4, 5",
                 (list(gates),),
             )
             rows = cursor.fetchall()
@@ -162,10 +167,6 @@ class PostgreSQLRows(ServerRowDialect):
                 for key, gate, description, since, _pid in rows
             ],
         )
-
-
-def _lock_timeout(seconds: float | None) -> str:
-    return "0" if seconds is None else f"{max(1, round(seconds * 1000))}ms"
 
 
 def _restore(cursor: Any, old_timeout: str, old_name: str) -> None:

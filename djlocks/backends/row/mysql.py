@@ -28,17 +28,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core import checks
 from django.core.checks import CheckMessage
-from django.db import DatabaseError, OperationalError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
-from djlocks.backends.mysql import COMMENT, FOREVER, WAITING_CALL, sql_comment
-from djlocks.backends.row_dialect import ROW_GATE, Claim, ServerRowDialect
-from djlocks.backends.session import describe, queue_order
+from djlocks.backends.described import describe, queue_order
+from djlocks.backends.row.dialect import ROW_GATE, Claim
+from djlocks.backends.row.server import ServerRowDialect
+from djlocks.backends.sql import mysql
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import mysql_key, table_key
 
@@ -79,7 +79,7 @@ class MySQLRows(ServerRowDialect):
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
     ) -> Claim | None:
-        wait = FOREVER if seconds is None else max(1, math.ceil(seconds))
+        wait = mysql.FOREVER if seconds is None else max(1, math.ceil(seconds))
         cursor.execute(
             "SET @djlocks_wait = @@SESSION.innodb_lock_wait_timeout, "
             "SESSION innodb_lock_wait_timeout = %s",
@@ -87,7 +87,7 @@ class MySQLRows(ServerRowDialect):
         )
         try:
             cursor.execute(
-                f"SELECT {sql_comment(describe(request))} slot, CONNECTION_ID() "
+                f"SELECT {mysql.sql_comment(describe(request))} slot, CONNECTION_ID() "
                 f"FROM djlocks_row_lock "
                 f"WHERE name_key = %s AND slot = %s FOR UPDATE",
                 (table_key(request.name), slot),
@@ -113,24 +113,20 @@ class MySQLRows(ServerRowDialect):
         raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
-        cursor.execute(
-            f"SELECT {sql_comment(describe(request))} GET_LOCK(%s, %s)",
-            (mysql_key(request.name, ROW_GATE), FOREVER if seconds is None else seconds),
-        )
-        return bool(cursor.fetchone()[0])
+        gate = mysql_key(request.name, ROW_GATE)
+        return bool(mysql.get_lock(cursor, gate, seconds, describe(request)))
 
     def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None:
-        cursor.execute("SELECT RELEASE_LOCK(%s)", (mysql_key(request.name, ROW_GATE),))
+        mysql.release_lock(cursor, mysql_key(request.name, ROW_GATE))
 
     def _canceller(self) -> Callable[[], None]:
         with connections[self.using].cursor() as cursor:
-            cursor.execute("SELECT CONNECTION_ID()")
-            caller = int(cursor.fetchone()[0])
+            caller = mysql.connection_id(cursor)
         side = self.backend.side
 
         def kill_query() -> None:
             with side.cursor() as kill:
-                kill.execute("KILL QUERY %s", (caller,))
+                mysql.kill_query(kill, caller)
 
         return kill_query
 
@@ -147,44 +143,27 @@ class MySQLRows(ServerRowDialect):
             f"SELECT h.connection_id {self.LIVE_HOLDERS} AND h.token = %s", (holder.token,)
         )
         row = cursor.fetchone()
-        if row is None:
-            return 0
-        try:
-            cursor.execute("KILL CONNECTION %s", (row[0],))
-        except OperationalError as exc:
-            if "Unknown thread id" in str(exc):
-                return 0
-            raise
-        return 1
+        return 0 if row is None else mysql.kill_connection(cursor, int(row[0]))
 
     def waiters(self, name: str | None) -> list[WaiterInfo]:
         known = self._known_names(name)
         names = {table_key(each): each for each in known}
         gates = {mysql_key(each, ROW_GATE): each for each in known}
         with self.backend.side.cursor() as cursor:
-            cursor.execute("SELECT UTC_TIMESTAMP(6)")
-            now = cursor.fetchone()[0].replace(tzinfo=UTC)
-            cursor.execute(
-                "SELECT TIME_MS, INFO FROM information_schema.PROCESSLIST "
-                "WHERE INFO LIKE %s AND ID <> CONNECTION_ID() ORDER BY TIME_MS DESC, ID",
-                ("%/* djlocks %",),
-            )
-            rows = cursor.fetchall()
-        waiting: list[tuple[str | None, str, datetime]] = []
-        for elapsed_ms, query in rows:
-            comment = COMMENT.search(query)
-            if comment is not None:
-                since = now - timedelta(milliseconds=float(elapsed_ms))
-                # The statement is read after the comment, whose label is anyone's text.
-                statement = query[comment.end() :]
-                waiting.append((_waited_name(statement, names, gates), comment.group(1), since))
-        return queue_order(self.alias, waiting)
+            statements = mysql.waiting_statements(cursor)
+        return queue_order(
+            self.alias,
+            [
+                (_waited_name(statement, names, gates), description, since)
+                for _, description, statement, since in statements
+            ],
+        )
 
 
 def _waited_name(query: str, names: dict[str, str], gates: dict[str, str]) -> str | None:
     """The name a waiting statement of the process list waits for, if it is one of ours."""
     if "SKIP LOCKED" not in query and (row := WAITING_ROW.search(query)):
         return names.get(row.group(1))
-    if gate := WAITING_CALL.search(query):
+    if gate := mysql.WAITING_CALL.search(query):
         return gates.get(gate.group(1))
     return None

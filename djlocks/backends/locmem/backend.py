@@ -1,20 +1,4 @@
-"""The in-process backend: every grant lives in this process's memory.
-
-``LocMemBackend`` locks between the threads of one process and nothing else:
-another process, or another ``LocMemBackend`` instance, has its own store.
-It exists for tests (see ``djlocks.testing``) and as the reference
-implementation of ``LockBackend``: the smallest store that keeps the whole
-contract, with each method's docstring saying what the contract requires of
-every backend. The database and Redis backends keep the same promises with
-SQL, Lua and server sessions; here each one is a few lines of Python.
-
-The state is a dict of names, each with its limit, its last fence, its
-grants by slot, its cool-downs by slot and its queue of waiters. One lock
-guards all of it; each name has a ``threading.Condition`` on that lock, which
-is notified whenever a slot of the name may have become free. The store's
-clock is ``time.monotonic()``: leases, cool-downs and deadlines are judged by
-it, and only shown as aware UTC datetimes.
-"""
+"""``LocMemBackend``: the reference implementation of ``LockBackend`` (see the package)."""
 
 from __future__ import annotations
 
@@ -23,83 +7,23 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import asdict, astuple
+from datetime import UTC, datetime
 from typing import Any
 
 from djlocks.backends.base import (
-    Abort,
     AcquireRequest,
+    Capabilities,
     CooldownInfo,
     GrantRecord,
     HolderInfo,
     LockBackend,
     WaiterInfo,
+    in_queue_order,
 )
+from djlocks.backends.locmem.state import Lease, NameState, Waiter, shown
+from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, LockLost
-from djlocks.identity import Identity
-
-#: The wall-clock time at which ``time.monotonic()`` was 0, taken once: every moment
-#: is shown the same way at every call, even if the wall clock is set meanwhile.
-_MONOTONIC_ZERO = datetime.now(UTC) - timedelta(seconds=time.monotonic())
-
-
-def _shown(moment: float) -> datetime:
-    """The monotonic ``moment`` as an aware UTC datetime, for display only."""
-    return _MONOTONIC_ZERO + timedelta(seconds=moment)
-
-
-@dataclass
-class _Lease:
-    """One live (or expired, not yet taken over) grant of a slot."""
-
-    token: str
-    fence: int
-    identity: Identity
-    since: datetime
-    expires: float  # time.monotonic()
-
-    def live(self, now: float) -> bool:
-        return now < self.expires
-
-
-@dataclass
-class _Waiter:
-    identity: Identity
-    since: datetime
-
-
-@dataclass
-class _Name:
-    """Everything the store knows about one name. Kept while the process lives, so
-    that its fence counter survives the name being idle."""
-
-    limit: int
-    changed: threading.Condition
-    fence: int = 0  # the last fence issued for the name
-    leases: dict[int, _Lease] = field(default_factory=dict)  # by slot
-    cooldowns: dict[int, float] = field(default_factory=dict)  # slot -> monotonic end
-    queue: list[_Waiter] = field(default_factory=list)  # FIFO: the first waited longest
-
-    def free_slots(self, now: float) -> list[int]:
-        return [slot for slot in range(self.limit) if self.is_free(slot, now)]
-
-    def is_free(self, slot: int, now: float) -> bool:
-        """Nobody holds a live lease of ``slot`` and its cool-down is over."""
-        lease = self.leases.get(slot)
-        held = lease is not None and lease.live(now)
-        return not held and self.cooldowns.get(slot, now) <= now
-
-    def wake_all(self) -> None:
-        """Wake every waiter of the name to look again (``abort.set()`` calls this)."""
-        with self.changed:
-            self.changed.notify_all()
-
-    def next_change(self, now: float) -> float | None:
-        """When a slot frees itself (a lease expires, a cool-down ends); ``None``: never."""
-        moments = [lease.expires for lease in self.leases.values() if lease.live(now)]
-        moments += [end for end in self.cooldowns.values() if end > now]
-        return min(moments, default=None)
 
 
 class LocMemBackend(LockBackend):
@@ -115,15 +39,24 @@ class LocMemBackend(LockBackend):
         "its grant is taken away at once: its next check, renewal or release raises "
         "LockLost, and the next holder gets a higher fence"
     )
-    #: False: the store and its grants vanish with the process, so a history of them
-    #: in the database would outlive what it describes, and a test's database
+    #: No history: the store and its grants vanish with the process, so a history of
+    #: them in the database would outlive what it describes, and a test's database
     #: transaction (which holds SQLite's one write lock) would block the writes.
-    records_history = False
+    capabilities = Capabilities(
+        fifo=True,
+        semaphores=True,
+        cooldowns=True,
+        crash_release="process",
+        history=False,
+        graceful_release=False,
+        pushes_revocation=True,
+        shared_between_processes=False,
+    )
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
         self._lock = threading.Lock()
-        self._names: dict[str, _Name] = {}
+        self._names: dict[str, NameState] = {}
 
     # -- acquire -------------------------------------------------------------
 
@@ -142,7 +75,7 @@ class LocMemBackend(LockBackend):
             record = self._claim(entry, request, ahead=len(entry.queue))
             if record is not None or (deadline is not None and time.monotonic() >= deadline):
                 return record
-            waiter = _Waiter(request.identity, datetime.now(UTC))
+            waiter = Waiter(request.identity, datetime.now(UTC))
             entry.queue.append(waiter)
         woken_by_abort = (
             contextlib.nullcontext() if abort is None else abort.cancelling(entry.wake_all)
@@ -155,11 +88,11 @@ class LocMemBackend(LockBackend):
                 entry.queue.remove(waiter)
                 entry.changed.notify_all()  # those behind move up
 
-    def _entry(self, request: AcquireRequest) -> _Name:
+    def _entry(self, request: AcquireRequest) -> NameState:
         """The name's state, created on first use; reshaped to a new limit only while unheld."""
         entry = self._names.get(request.name)
         if entry is None:
-            entry = _Name(request.limit, threading.Condition(self._lock))
+            entry = NameState(request.limit, threading.Condition(self._lock))
             self._names[request.name] = entry
         elif entry.limit != request.limit:
             now = time.monotonic()
@@ -170,7 +103,7 @@ class LocMemBackend(LockBackend):
             entry.cooldowns = {s: end for s, end in entry.cooldowns.items() if s < entry.limit}
         return entry
 
-    def _claim(self, entry: _Name, request: AcquireRequest, ahead: int) -> GrantRecord | None:
+    def _claim(self, entry: NameState, request: AcquireRequest, ahead: int) -> GrantRecord | None:
         """Take the first free slot if more slots are free than waiters are ``ahead``."""
         now = time.monotonic()
         free = entry.free_slots(now)
@@ -178,7 +111,7 @@ class LocMemBackend(LockBackend):
             return None
         slot = free[0]
         entry.fence += 1
-        lease = _Lease(
+        lease = Lease(
             secrets.token_hex(16),
             entry.fence,
             request.identity,
@@ -187,13 +120,13 @@ class LocMemBackend(LockBackend):
         )
         entry.leases[slot] = lease  # replaces an expired lease: taken over
         entry.cooldowns.pop(slot, None)
-        return GrantRecord(lease.token, slot, lease.fence, _shown(lease.expires), requested_at=now)
+        return GrantRecord(lease.token, slot, lease.fence, shown(lease.expires), requested_at=now)
 
     def _wait(
         self,
-        entry: _Name,
+        entry: NameState,
         request: AcquireRequest,
-        waiter: _Waiter,
+        waiter: Waiter,
         deadline: float | None,
         abort: Abort | None,
     ) -> GrantRecord | None:
@@ -253,7 +186,7 @@ class LocMemBackend(LockBackend):
                 raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
             lease = found[2]
             lease.expires = now + ttl
-            return _shown(lease.expires)
+            return shown(lease.expires)
 
     def is_held(self, name: str, token: str) -> bool:
         """True while the grant ``token`` is live: not released, expired or taken away."""
@@ -261,7 +194,7 @@ class LocMemBackend(LockBackend):
             found = self._find(name, token)
             return found is not None and found[2].live(time.monotonic())
 
-    def _find(self, name: str, token: str) -> tuple[_Name, int, _Lease] | None:
+    def _find(self, name: str, token: str) -> tuple[NameState, int, Lease] | None:
         """The lease ``token`` of ``name`` and its slot, live or expired; ``None`` once gone."""
         entry = self._names.get(name)
         if entry is None:
@@ -284,7 +217,7 @@ class LocMemBackend(LockBackend):
                     limit=entry.limit,
                     **asdict(lease.identity),
                     since=lease.since,
-                    expires_at=_shown(lease.expires),
+                    expires_at=shown(lease.expires),
                     fence=lease.fence,
                     token=lease.token,
                 )
@@ -296,17 +229,11 @@ class LocMemBackend(LockBackend):
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         """Callers blocked in ``acquire`` for ``name`` (or every name), in queue order."""
         with self._lock:
-            return [
-                WaiterInfo(
-                    name=key,
-                    backend=self.alias,
-                    position=position,
-                    **asdict(waiter.identity),
-                    since=waiter.since,
-                )
-                for key, entry in self._chosen(name)
-                for position, waiter in enumerate(entry.queue)
-            ]
+            queued = [(key, waiter) for key, entry in self._chosen(name) for waiter in entry.queue]
+        return in_queue_order(
+            self.alias,
+            [(key, *astuple(waiter.identity), waiter.since) for key, waiter in queued],
+        )
 
     def names(self) -> list[tuple[str, int]]:
         """Every ``(name, limit)`` acquired since the store began, held or free, by name."""
@@ -318,13 +245,13 @@ class LocMemBackend(LockBackend):
         with self._lock:
             now = time.monotonic()
             return [
-                CooldownInfo(name=key, backend=self.alias, slot=slot, until=_shown(end))
+                CooldownInfo(name=key, backend=self.alias, slot=slot, until=shown(end))
                 for key, entry in self._chosen(name)
                 for slot, end in sorted(entry.cooldowns.items())
                 if end > now
             ]
 
-    def _chosen(self, name: str | None) -> list[tuple[str, _Name]]:
+    def _chosen(self, name: str | None) -> list[tuple[str, NameState]]:
         if name is None:
             return sorted(self._names.items())
         return [(name, self._names[name])] if name in self._names else []
@@ -346,7 +273,7 @@ class LocMemBackend(LockBackend):
             if seconds > 0:
                 entry.cooldowns[slot] = now + seconds
             entry.changed.notify_all()
-            return _shown(now + seconds) if seconds > 0 else None
+            return shown(now + seconds) if seconds > 0 else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Take the live grant ``token`` of ``name`` away (or every live grant); return how many.

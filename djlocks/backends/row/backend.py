@@ -1,34 +1,4 @@
-"""Row locks: ``djlocks.backends.row.RowLockBackend``, a lock that ends with the transaction.
-
-``with transaction.atomic(): with db_lock("account:7", backend="row"): ...``
-locks a djlocks row with ``SELECT ... FOR UPDATE`` in the caller's own
-transaction. The commit or rollback of that transaction unlocks it, so the
-lock always covers the commit of what it guards, and a
-holder that crashes or loses its connection frees it at once. Releasing early
-is impossible by design: leaving the ``with`` block (or ``release()``) ends
-the handle's grant, and the row stays locked until the transaction ends. Used
-outside a transaction, the ``with`` block (or ``acquire()`` ... ``release()``
-in one thread) opens one for its duration: committed at the end, rolled back
-if the block raises. The transaction belongs to the acquiring thread, so such
-a grant is released from that thread, and ``async with`` is refused.
-
-The dialects (``row_postgresql``, ``row_mysql``, ``row_sqlite``) give the
-SQL. Common to all:
-
-* An uncontended acquire is one statement, ``FOR UPDATE SKIP LOCKED`` (which
-  neither waits nor fails, so it needs no savepoint); ``timeout=0`` stops
-  there. A contended one waits in the server under the database's own lock
-  wait limit and ends in ``None`` (``NotAcquired``) with the caller's
-  transaction still usable.
-* Fences and holder identity are written on djlocks' own connection right
-  after the grant (``server_records``): a rolled-back transaction never gets
-  its fence handed out again. SQLite, whose one writer is the caller's
-  transaction, is the exception (see ``row_sqlite``).
-* Holders and waiters are the server's lock state (``pg_locks`` with
-  ``pg_stat_activity``; InnoDB's transactions and the process list) joined
-  with djlocks' holder rows. Forced release terminates the holder's
-  connection: its transaction rolls back.
-"""
+"""``RowLockBackend``: row locks held by the caller's transaction (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -36,32 +6,32 @@ import secrets
 import threading
 import time
 from collections.abc import Collection, Mapping
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from types import TracebackType
 from typing import Any
 
 from django.core.checks import CheckMessage, Error
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import InterfaceError, OperationalError, connections
 
 from djlocks.backends.base import (
     OTHER_DATABASE_HINT,
-    Abort,
     AcquireRequest,
+    Capabilities,
     CooldownInfo,
     GrantRecord,
     HolderInfo,
     LockBackend,
     WaiterInfo,
-    seconds_left,
     unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
-from djlocks.backends.row_dialect import RowDialect
+from djlocks.backends.row.dialect import RowDialect
+from djlocks.backends.row.transaction import OwnTransaction
 from djlocks.backends.server_records import ROW_TABLES, known_names
+from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockLost
+from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import table_key
 
 
@@ -73,7 +43,6 @@ class RowLockBackend(LockBackend):
     10.6 or later (``SKIP LOCKED``); SQLite for locks only.
     """
 
-    in_caller_transaction = True
     forced_release_effect = (
         "its database connection is terminated, so its transaction rolls back and the "
         "server frees the row at once; the holder's commit fails and its next check or "
@@ -85,29 +54,42 @@ class RowLockBackend(LockBackend):
         self.using = str(self.options.get("using", "default"))
         self.side = DedicatedConnections(self.using)
         self._held: dict[str, _Held] = {}  # live grants of this process, by token
-        self._guard = threading.Lock()
+        self._guard = ForkSafeLock()
 
     @property
-    def records_history(self) -> bool:  # type: ignore[override]
-        """Not on SQLite when the history shares the database: its one writer is the holder."""
+    def capabilities(self) -> Capabilities:
+        """Row locks wait in the server, in no promised order; on SQLite, locks only and
+        no history when it shares the database (its one writer is the holder)."""
         from djlocks.conf import djlocks_settings
 
+        sqlite = connections[self.using].vendor == "sqlite"
         same_database = djlocks_settings()["EVENTS_DATABASE"] == self.using
-        return not (same_database and connections[self.using].vendor == "sqlite")
+        return Capabilities(
+            fifo=False,
+            semaphores=not sqlite,
+            cooldowns=False,
+            crash_release="session",
+            history=not (sqlite and same_database),
+            graceful_release=False,
+            pushes_revocation=False,
+            shared_between_processes=True,
+            in_caller_transaction=True,
+            forced_release=not sqlite,
+        )
 
     @cached_property
     def dialect(self) -> RowDialect:
         vendor = connections[self.using].vendor
         if vendor == "postgresql":
-            from djlocks.backends.row_postgresql import PostgreSQLRows
+            from djlocks.backends.row.postgresql import PostgreSQLRows
 
             return PostgreSQLRows(self)
         if vendor == "mysql":
-            from djlocks.backends.row_mysql import MySQLRows
+            from djlocks.backends.row.mysql import MySQLRows
 
             return MySQLRows(self)
         if vendor == "sqlite":
-            from djlocks.backends.row_sqlite import SQLiteRows
+            from djlocks.backends.row.sqlite import SQLiteRows
 
             return SQLiteRows(self)
         raise BackendUnavailable(
@@ -245,59 +227,3 @@ class _Held:
     thread: int
     key: str
     slot: int
-
-
-class OwnTransaction:
-    """The transaction a row grant lives in when the caller had none.
-
-    ``transaction.atomic(using)``, begun by the dialect just before it locks
-    (``begin()``) and left at release: a commit, or a rollback when the
-    ``with`` block raised. A connection that failed at the commit (terminated
-    by a forced release) is ``LockLost``. Leaving it before ``begin()`` does nothing.
-    A connection that failed in a transaction djlocks began is closed, as
-    Django does at the end of a request, so that the caller's next query (or
-    acquire) reconnects: outside requests (a worker, a cron job) Django never would.
-    """
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self._atomic: AbstractContextManager[Any] | None = None
-
-    def begin(self) -> None:
-        atomic = transaction.atomic(using=self.using)
-        atomic.__enter__()
-        self._atomic = atomic
-
-    def __enter__(self) -> None:
-        self.begin()
-
-    def close_if_broken(self) -> None:
-        """Close the connection if it no longer answers (one ``SELECT 1``; failures only).
-
-        Django's ``close_if_unusable_or_obsolete`` would not: the rollback that
-        ended the failed transaction cleared its ``errors_occurred`` flag, and
-        mysqlclient's rollback on a connection the server has gone from does not fail.
-        """
-        connection = connections[self.using]
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        atomic, self._atomic = self._atomic, None
-        if atomic is None:
-            return
-        try:
-            atomic.__exit__(exc_type, exc, traceback)
-        except (OperationalError, InterfaceError) as failure:
-            self.close_if_broken()
-            if exc_type is not None:
-                raise
-            raise LockLost(
-                f"The transaction that held the row lock could not commit: its connection "
-                f"failed or was terminated by a forced release ({failure})."
-            ) from failure

@@ -28,6 +28,7 @@ What SQLite cannot do, and the system check says so:
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -35,17 +36,26 @@ from django.core import checks
 from django.core.checks import CheckMessage
 from django.db import OperationalError, connections
 
-from djlocks.backends.base import Abort, AcquireRequest, HolderInfo, WaiterInfo, seconds_left
-from djlocks.backends.row_dialect import Claim, RowDialect, cancellable
+from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
+from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
+from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.exceptions import BackendUnavailable
 from djlocks.keys import table_key
 
 if TYPE_CHECKING:
-    from djlocks.backends.row import OwnTransaction
+    from djlocks.backends.row.transaction import OwnTransaction
 
 FOREVER_MS = 2**31 - 1  # SQLite's largest busy time-out, about 24.8 days
 #: A busy time-out that ran out within this many seconds of the deadline is the time-out.
 DEADLINE_SLACK = 0.05
+#: Seconds an abortable wait spends in SQLite's busy handler before it looks at the abort.
+ABORT_SLICE = 0.1
+
+
+def _sooner(deadline: float | None, seconds: float) -> float:
+    """The earlier of ``deadline`` (``time.monotonic()``, or ``None``) and ``seconds`` from now."""
+    soon = time.monotonic() + seconds
+    return soon if deadline is None else min(deadline, soon)
 
 
 class SQLiteRows(RowDialect):
@@ -80,8 +90,11 @@ class SQLiteRows(RowDialect):
         wrapper.ensure_connection()
         while True:
             interrupt = wrapper.connection.interrupt
+            # sqlite3_interrupt() does not end a busy handler's wait, so an abortable
+            # wait is cut into slices, with the abort looked at between them.
+            stint = deadline if abort is None else _sooner(deadline, ABORT_SLICE)
             with (
-                self._busy_timeout(seconds_left(deadline)),
+                self._busy_timeout(seconds_left(stint)),
                 cancellable(abort, interrupt) as cancelled,
             ):
                 try:
@@ -99,6 +112,9 @@ class SQLiteRows(RowDialect):
             left = seconds_left(deadline)
             if left is not None and left <= DEADLINE_SLACK:
                 return None
+            stint_left = seconds_left(stint)
+            if stint is not deadline and stint_left is not None and stint_left <= DEADLINE_SLACK:
+                continue  # a slice of an abortable wait ran out: wait on
             if left is not None or own is None:
                 raise BackendUnavailable(_UPGRADE_REFUSED.format(name=request.name)) from failure
             # Waiting forever in a transaction of our own: SQLite's longest busy

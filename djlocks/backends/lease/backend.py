@@ -1,0 +1,255 @@
+"""``LeaseBackend``: acquire, release, renew and revoke lease rows.
+
+The parts it is made of, one idea each: ``store`` (connections, errors, the
+database's dialect from ``djlocks.backends.sql``), ``claims`` (taking a slot
+with its fence), ``queue`` (the fair queue of waiters) and ``inspection``
+(holders, waiters, cool-downs, the sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from contextlib import closing
+from datetime import UTC, datetime, timedelta
+
+from django.core.checks import CheckMessage, Error
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from djlocks.backends.base import (
+    OTHER_DATABASE_HINT,
+    AcquireRequest,
+    Capabilities,
+    GrantRecord,
+    unknown_database,
+)
+from djlocks.backends.lease.inspection import LeaseInspection
+from djlocks.backends.lease.queue import LeaseQueue
+from djlocks.backends.lease.store import SLOTS, as_datetime, earlier
+from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
+from djlocks.backends.waiting import Abort
+from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
+from djlocks.keys import table_key
+
+release_log = logging.getLogger("djlocks.release")
+renew_log = logging.getLogger("djlocks.renew")
+
+#: The ticket of a caller that is not queued: every live waiter is ahead of it.
+NEWCOMER = 2**62
+
+
+class LeaseBackend(LeaseQueue, LeaseInspection):
+    """Locks and semaphores as lease rows in a Django database.
+
+    OPTIONS: ``using`` (database alias, default ``"default"``).
+    Crash release: at the TTL. Waiters queue FIFO in ``djlocks_lease_waiter``;
+    the head of the queue polls with back-off, the others poll more slowly.
+    """
+
+    forced_release_effect = (
+        "its lease is revoked at once and its fence superseded: the next holder gets a "
+        "higher fence, so the old holder's fenced writes are refused. On PostgreSQL the "
+        "holder hears of it at once (NOTIFY); elsewhere at its next renewal (every TTL/3)"
+    )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Leases with a FIFO queue; revocations are pushed where releases notify (PostgreSQL)."""
+        return Capabilities(
+            fifo=True,
+            semaphores=True,
+            cooldowns=True,
+            crash_release="ttl",
+            history=True,
+            graceful_release=True,
+            pushes_revocation=self.dialect.notifying is not None,
+            shared_between_processes=True,
+        )
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """E005 an unknown database; on SQLite, E004 and W007 (``sqlite_checks``)."""
+        from django.db import connections
+
+        problems = unknown_database(self, self.using)
+        if problems:
+            return problems
+        try:
+            self.dialect  # noqa: B018  (refuses a database it does not support)
+        except BackendUnavailable as exc:
+            return [Error(str(exc), hint=OTHER_DATABASE_HINT, id="djlocks.E006")]
+        if connections[self.using].vendor != "sqlite":
+            return []
+        return lease_store_messages(self.alias, connections[self.using], databases)
+
+    # -- acquire -----------------------------------------------------------
+
+    def acquire(
+        self, request: AcquireRequest, deadline: float | None, abort: Abort | None
+    ) -> GrantRecord | None:
+        key = table_key(request.name)
+        self._refuse_inside_sqlite_transaction()
+        grant = self._claim(request, key, NEWCOMER)
+        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+            return grant
+        return self._wait_in_queue(request, key, deadline, abort)
+
+    def _refuse_inside_sqlite_transaction(self) -> None:
+        from django.db import connections
+
+        caller = connections[self.using]
+        if caller.vendor == "sqlite" and caller.in_atomic_block:
+            raise BackendUnavailable(
+                "A lease on SQLite cannot be acquired inside transaction.atomic(): the "
+                "transaction already holds SQLite's single write lock, so the lease row "
+                "could never be written. Acquire the lock first, then open the transaction. "
+                "Django's TestCase runs every test in a transaction: " + TESTING_HINT
+            )
+
+    # -- release, renew, check ---------------------------------------------
+
+    def release(self, name: str, token: str, cooldown: float) -> None:
+        d = self.dialect
+        sql = (
+            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        )
+        released = self._run(
+            lambda db: self._execute(
+                db,
+                self._notifying(sql, waiters=True, holders=False),
+                (d.seconds_param(cooldown), token),
+            )
+        )
+        if released == 1:
+            release_log.debug("released %s", name)
+            return
+        expired = self._run(
+            lambda db: self._execute(
+                db,
+                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE token = %s",
+                (token,),
+            )
+        )
+        reason = "its lease expired" if expired else "it was released by force or taken over"
+        raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
+
+    def renew(self, name: str, token: str, ttl: float) -> datetime | None:
+        """Extend the lease ``ttl`` seconds from the database's now; raise ``LockLost`` if
+        it ended, and ``ReleaseRequested`` (after extending it no further than the
+        operator's wait) while an operator asks for it back."""
+        d = self.dialect
+
+        def extend(db: BaseDatabaseWrapper) -> tuple[int, datetime | None]:
+            sql = (
+                f"UPDATE {SLOTS} SET expires_at = {d.plus_seconds} "
+                f"WHERE token = %s AND expires_at > {d.now} AND release_by IS NULL"
+            )
+            params = (d.seconds_param(ttl), token)
+            with closing(db.create_cursor()) as cursor:
+                if d.returning:
+                    cursor.execute(sql + " RETURNING expires_at", params)
+                    row = cursor.fetchone()
+                    return (0, None) if row is None else (1, as_datetime(row[0]))
+                cursor.execute(sql, params)
+                estimate = datetime.now(UTC) + timedelta(seconds=ttl)  # wall clock ok
+                return int(cursor.rowcount), estimate
+
+        renewed, expires_at = self._run(extend)
+        if renewed == 1:
+            renew_log.debug("renewed %s until %s", name, expires_at)
+            return expires_at
+        standing = self._run(lambda db: self._extend_to_release_by(db, name, token, ttl))
+        if isinstance(standing, ReleaseRequested):
+            raise standing
+        if standing:  # a claim cleared release_by between the two statements: not this grant's
+            raise BackendUnavailable(f"The renewal of {name!r} raced with a claim; retry.")
+        raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
+
+    def _extend_to_release_by(
+        self, db: BaseDatabaseWrapper, name: str, token: str, ttl: float
+    ) -> bool | ReleaseRequested:
+        """Renew a grant an operator asked for back, no further than its ``release_by``;
+        then say where it stands (``_standing``)."""
+        d = self.dialect
+        until = d.seconds_param(ttl)
+        self._execute(
+            db,
+            f"UPDATE {SLOTS} SET expires_at = {earlier('release_by', d.plus_seconds)} "
+            f"WHERE token = %s AND expires_at > {d.now} AND release_by IS NOT NULL",
+            (until, until, token),
+        )
+        return self._standing(db, name, token)
+
+    def _standing(self, db: BaseDatabaseWrapper, name: str, token: str) -> bool | ReleaseRequested:
+        """False if the grant ``token`` ended, True if it is live, or the
+        ``ReleaseRequested`` to raise while an operator asks for it back."""
+        now = self.dialect.now
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT release_by IS NOT NULL, expires_at, {now} FROM {SLOTS} "
+                f"WHERE token = %s AND expires_at > {now}",
+                (token,),
+            )
+            row = cursor.fetchone()
+        if row is None or not row[0]:
+            return row is not None
+        expires_at, store_now = as_datetime(row[1]), as_datetime(row[2])
+        assert expires_at is not None and store_now is not None
+        left = max(0.0, (expires_at - store_now).total_seconds())
+        return ReleaseRequested(
+            f"An operator asked for the grant of {name!r} back: its lease ends in "
+            f"{left:.1f} s at the latest.",
+            left,
+            expires_at,
+        )
+
+    def is_held(self, name: str, token: str) -> bool:
+        """True if the grant is live, False if it ended; raises ``ReleaseRequested``
+        while an operator asks for it back."""
+        standing = self._run(lambda db: self._standing(db, name, token))
+        if isinstance(standing, ReleaseRequested):
+            raise standing
+        return standing
+
+    # -- operators ---------------------------------------------------------
+
+    def force_release(self, name: str, token: str | None = None) -> int:
+        """Revoke the grant ``token`` (or every grant) of ``name``; on PostgreSQL the
+        holders and the waiters hear of it at once (NOTIFY)."""
+        sql = f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE name_key = %s"
+        params: tuple[str, ...] = (table_key(name),)
+        if token is not None:
+            sql += " AND token = %s"
+            params += (token,)
+        else:
+            sql += " AND token IS NOT NULL"
+        revoking = self._notifying(sql, waiters=True, holders=True)
+        return self._run(lambda db: self._execute(db, revoking, params))
+
+    def request_release(self, name: str, token: str, wait: float) -> int:
+        """Cut the lease to end ``wait`` seconds from the database's now at the latest
+        and note that end in ``release_by``, which renewals respect (see the base class);
+        on PostgreSQL the holder hears of it at once (NOTIFY)."""
+        d = self.dialect
+        until = d.seconds_param(wait)
+        sql = (
+            f"UPDATE {SLOTS} SET release_by = {earlier('release_by', d.plus_seconds)}, "
+            f"expires_at = {earlier('expires_at', d.plus_seconds)} "
+            f"WHERE name_key = %s AND token = %s AND expires_at > {d.now}"
+        )
+        revoking = self._notifying(sql, waiters=False, holders=True)
+        params = (until, until, until, until, table_key(name), token)
+        return self._run(lambda db: self._execute(db, revoking, params))
+
+    def watch(
+        self, name: str, token: str, fence: int, notice: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """On PostgreSQL, ``notice`` is called when a forced release or a graceful
+        release's request of this grant is notified; elsewhere the store cannot push."""
+        if self.dialect.notifying is None:
+            return None
+        return self._revocations.watch(f"{table_key(name)} {fence}", notice)
+
+    def close(self) -> None:
+        self._revocations.close()

@@ -1,0 +1,236 @@
+"""How the lease backend claims a slot: one statement for a lock, a short
+transaction for a semaphore, the first use of a name or a change of its limit.
+
+A lock (limit 1) is claimed by one ``UPDATE`` that also issues the fence
+(``fence = fence + 1``) and refuses to pass a live waiter of the queue. A
+semaphore slot goes through a transaction that locks the name's slot rows
+(``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), so the fence is one
+more than the largest fence of any slot of the name.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from djlocks.backends.base import AcquireRequest, GrantRecord
+from djlocks.backends.lease.store import (
+    SLOTS,
+    WAITERS,
+    Contention,
+    LeaseStore,
+    as_datetime,
+    transaction,
+)
+from djlocks.exceptions import AlreadyHeld, BackendUnavailable
+
+acquire_log = logging.getLogger("djlocks.acquire")
+
+#: Seconds between checks that a lock's rows exist with limit 1.
+SHAPE_RECHECK = 1.0
+#: Claims tried in a row while they meet a deadlock or a busy database.
+CLAIM_RETRIES = 20
+
+
+class LeaseClaims(LeaseStore):
+    """Claiming a slot for a caller whose place in the queue is ``ticket``."""
+
+    def _claim(self, request: AcquireRequest, key: str, ticket: int) -> GrantRecord | None:
+        """Try once to take a slot; clean up by token if the outcome is unknown."""
+        token = secrets.token_hex(16)
+        try:
+            for _ in range(CLAIM_RETRIES):
+                sent = time.monotonic()  # the lease cannot start before the claim is sent
+                try:
+                    if request.limit == 1:
+                        grant = self._run(
+                            lambda db: self._claim_lock(db, request, key, ticket, token),
+                            retry=False,
+                        )
+                        # A miss means "busy" once the rows are known to be a lock's;
+                        # the shape is re-checked now and then, in case it changed.
+                        confirmed = self._lock_shaped.get(key, -SHAPE_RECHECK)
+                        if grant is not None or time.monotonic() - confirmed < SHAPE_RECHECK:
+                            return grant and replace(grant, requested_at=sent)
+                    grant = self._run(
+                        lambda db: self._claim_slot(db, request, key, ticket, token),
+                        retry=False,
+                    )
+                    if request.limit == 1:
+                        self._lock_shaped[key] = time.monotonic()
+                    return grant and replace(grant, requested_at=sent)
+                except Contention:
+                    time.sleep(secrets.randbelow(2000) / 1_000_000)
+            raise BackendUnavailable(
+                f"djlocks backend {self.alias!r}: {CLAIM_RETRIES} claims of "
+                f"{request.name!r} in a row met a deadlock or busy database."
+            )
+        except AlreadyHeld:
+            raise
+        except BaseException:
+            self._discard_token(token)
+            raise
+
+    def _discard_token(self, token: str) -> None:
+        try:
+            self._run(
+                lambda db: self._execute(
+                    db,
+                    f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL WHERE token = %s",
+                    (token,),
+                )
+            )
+        except BackendUnavailable as exc:
+            acquire_log.warning(
+                "could not clean up token %s (%s); it expires at its TTL", token, exc
+            )
+
+    def _claim_lock(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        token: str,
+    ) -> GrantRecord | None:
+        d = self.dialect
+        ident = request.identity
+        sql = (
+            f"UPDATE {SLOTS} SET token = %s, {d.fence_increment}, acquired_at = {d.now}, "
+            f"expires_at = {d.plus_seconds}, release_by = NULL, host = %s, pid = %s, "
+            f"thread = %s, label = %s "
+            f"WHERE name_key = %s AND slot = 0 AND slot_limit = 1 "
+            f"AND (token IS NULL OR expires_at <= {d.now}) "
+            f"AND (cooldown_until IS NULL OR cooldown_until <= {d.now}) "
+            f"AND NOT EXISTS (SELECT 1 FROM {WAITERS} w WHERE w.name_key = %s "
+            f"AND w.expires_at > {d.now} AND w.id < %s)"
+        )
+        params = (
+            token,
+            d.seconds_param(request.ttl),
+            ident.host,
+            ident.pid,
+            ident.thread,
+            ident.label,
+            key,
+            key,
+            ticket,
+        )
+        with closing(db.create_cursor()) as cursor:
+            if d.returning:
+                cursor.execute(sql + " RETURNING fence, expires_at", params)
+                row = cursor.fetchone()
+                if row is None:
+                    return None
+                return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]))
+            cursor.execute(sql, params)
+            if cursor.rowcount != 1:
+                return None
+            estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
+            return GrantRecord(token, 0, int(cursor.lastrowid), estimate)
+
+    def _claim_slot(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        token: str,
+    ) -> GrantRecord | None:
+        d = self.dialect
+        ident = request.identity
+        with transaction(db, d.begin), closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT id, slot, slot_limit, fence, "
+                f"(token IS NULL OR expires_at <= {d.now}), "
+                f"(cooldown_until IS NULL OR cooldown_until <= {d.now}) "
+                f"FROM {SLOTS} WHERE name_key = %s ORDER BY slot{d.for_update}",
+                (key,),
+            )
+            rows: Sequence[Sequence[Any]] = cursor.fetchall()
+            if not rows:
+                cursor.executemany(
+                    f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, "
+                    f"label) VALUES (%s, %s, %s, %s, 0, '', '', '')",
+                    [(key, request.name, slot, request.limit) for slot in range(request.limit)],
+                )
+                rows = [(None, slot, request.limit, 0, True, True) for slot in range(request.limit)]
+                created = True
+            else:
+                created = False
+            limit = int(rows[0][2])
+            if limit != request.limit and all(row[4] for row in rows):
+                rows = self._reshape(cursor, request, key, rows)
+            elif limit != request.limit:
+                raise AlreadyHeld.limit_mismatch(request.name, limit, request.limit)
+            ahead = self._count_ahead(cursor, key, ticket)
+            free = [row for row in rows if row[4] and row[5]]
+            if len(free) <= ahead:
+                return None
+            slot = int(free[0][1])
+            fence = max(int(row[3]) for row in rows) + 1
+            cursor.execute(
+                f"UPDATE {SLOTS} SET token = %s, fence = %s, acquired_at = {d.now}, "
+                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, release_by = NULL, "
+                f"host = %s, pid = %s, thread = %s, label = %s WHERE name_key = %s AND slot = %s",
+                (
+                    token,
+                    fence,
+                    d.seconds_param(request.ttl),
+                    ident.host,
+                    ident.pid,
+                    ident.thread,
+                    ident.label,
+                    key,
+                    slot,
+                ),
+            )
+            cursor.execute(f"SELECT expires_at FROM {SLOTS} WHERE token = %s", (token,))
+            expires_at = as_datetime(cursor.fetchone()[0])
+        if created:
+            acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
+        return GrantRecord(token, slot, fence, expires_at)
+
+    def _reshape(
+        self, cursor: Any, request: AcquireRequest, key: str, rows: Sequence[Sequence[Any]]
+    ) -> list[tuple[Any, ...]]:
+        """Give an unheld name ``request.limit`` slots; fences continue from the largest."""
+        fence = max(int(row[3]) for row in rows)
+        cursor.execute(
+            f"DELETE FROM {SLOTS} WHERE name_key = %s AND slot >= %s", (key, request.limit)
+        )
+        cursor.execute(
+            f"UPDATE {SLOTS} SET slot_limit = %s, fence = %s WHERE name_key = %s",
+            (request.limit, fence, key),
+        )
+        cursor.executemany(
+            f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, label) "
+            f"VALUES (%s, %s, %s, %s, %s, '', '', '')",
+            [
+                (key, request.name, slot, request.limit, fence)
+                for slot in range(len(rows), request.limit)
+            ],
+        )
+        acquire_log.info("%s now has %s slot(s)", request.name, request.limit)
+        kept = {int(row[1]): row for row in rows}
+        return [
+            (None, slot, request.limit, fence, True, bool(kept[slot][5]) if slot in kept else True)
+            for slot in range(request.limit)
+        ]
+
+    def _count_ahead(self, cursor: Any, key: str, ticket: int) -> int:
+        """How many live waiters for ``key`` queued before ``ticket``."""
+        cursor.execute(
+            f"SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
+            f"AND expires_at > {self.dialect.now} AND id < %s",
+            (key, ticket),
+        )
+        return int(cursor.fetchone()[0])

@@ -1,0 +1,159 @@
+"""The lease backend's access to its database: dedicated connections, errors, the dialect.
+
+Every statement runs on a connection of djlocks' own (``DedicatedConnections``),
+in autocommit, never on the request's connection. A lost connection is
+replaced and the statement tried once more (every statement is idempotent by
+token); contention (a deadlock, SQLite's "database is locked") is told apart
+so that a claim can be tried again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, IntegrityError, ProgrammingError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.dateparse import parse_datetime
+
+from djlocks.backends.base import LockBackend
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.push import PostgresListener
+from djlocks.backends.sql import lease_dialect
+from djlocks.backends.sql.dialects import LeaseDialect
+from djlocks.backends.sql.postgresql import LEASE_REVOKED
+from djlocks.exceptions import BackendUnavailable
+
+SLOTS = "djlocks_lease_slot"
+WAITERS = "djlocks_lease_waiter"
+CONTENTION_MESSAGES = ("deadlock", "database is locked", "could not serialize", "lock wait timeout")
+
+T = TypeVar("T")
+
+
+class Contention(BackendUnavailable):
+    """A claim met a deadlock, a busy database or a concurrent first use: try again."""
+
+
+def is_contention(exc: DatabaseError) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, IntegrityError) or any(m in text for m in CONTENTION_MESSAGES)
+
+
+def as_datetime(value: object) -> datetime | None:
+    """A moment read from the database as an aware datetime (SQLite returns text)."""
+    moment = value if value is None or isinstance(value, datetime) else parse_datetime(str(value))
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+class LeaseStore(LockBackend):
+    """The connections and the dialect shared by the lease backend's parts."""
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.using: str = self.options.get("using", "default")
+        self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
+        self._listeners = DedicatedConnections(self.using)
+        # name_key -> when (monotonic) its rows were last confirmed to be a lock's
+        self._lock_shaped: dict[str, float] = {}
+        self._dialect: LeaseDialect | None = None
+        # Holders hear of forced releases here (PostgreSQL), once one is watched.
+        self._revocations = PostgresListener(self.using, LEASE_REVOKED)
+
+    def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
+        for statement in self.dialect.session_setup:
+            with wrapper.cursor() as cursor:
+                cursor.execute(statement)
+
+    @property
+    def dialect(self) -> LeaseDialect:
+        """This database's SQL fragments; ``BackendUnavailable`` for a database
+        the lease backend does not support."""
+        if self._dialect is None:
+            from django.db import connections
+
+            vendor = connections[self.using].vendor
+            try:
+                self._dialect = lease_dialect(vendor)
+            except ValueError as exc:
+                raise BackendUnavailable(
+                    f"The lease backend supports SQLite, PostgreSQL and MySQL/MariaDB, "
+                    f"not {vendor!r} (database alias {self.using!r})."
+                ) from exc
+        return self._dialect
+
+    def _run(self, operation: Callable[[BaseDatabaseWrapper], T], *, retry: bool = True) -> T:
+        """Run ``operation`` on this thread's dedicated connection.
+
+        A lost connection is replaced and the operation tried once more when
+        ``retry`` (every operation here is idempotent by token); contention
+        raises ``Contention``; other database errors become ``BackendUnavailable``.
+        """
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            try:
+                wrapper = self._connections.get()
+                with wrapper.wrap_database_errors:
+                    return operation(wrapper)
+            except DatabaseError as exc:
+                if is_contention(exc):
+                    raise Contention(str(exc)) from exc
+                self._connections.discard()
+                if attempt + 1 < attempts:
+                    continue
+                hint = (
+                    " Have the djlocks migrations been applied (manage.py migrate djlocks)?"
+                    if isinstance(exc, ProgrammingError)
+                    else ""
+                )
+                raise BackendUnavailable(
+                    f"djlocks backend {self.alias!r} could not use database "
+                    f"{self.using!r}: {exc}.{hint}"
+                ) from exc
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _execute(db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
+        """Run one statement; the number of rows it changed."""
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+
+    def _notifying(self, update: str, *, waiters: bool, holders: bool) -> str:
+        """``update``, which also wakes the ``waiters`` and tells the ``holders`` in the
+        same round trip where the database can (``LeaseDialect.notifying``)."""
+        notifying = self.dialect.notifying
+        return update if notifying is None else notifying(update, waiters, holders)
+
+    def _db_now(self) -> datetime:
+        """The database's current time (UTC), for introspection queries."""
+        from django.db import connections
+
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"SELECT {self.dialect.now}", ())
+            moment = as_datetime(cursor.fetchone()[0])
+        assert moment is not None
+        return moment
+
+
+@contextmanager
+def transaction(db: BaseDatabaseWrapper, begin: str) -> Iterator[None]:
+    """A transaction on the dedicated connection ``db``, which is otherwise in autocommit."""
+    with closing(db.create_cursor()) as cursor:
+        cursor.execute(begin, ())
+        try:
+            yield
+        except BaseException:
+            cursor.execute("ROLLBACK", ())
+            raise
+        cursor.execute("COMMIT", ())
+
+
+def earlier(column: str, moment: str) -> str:
+    """SQL for the earlier of ``column`` (a moment or NULL) and ``moment`` (SQL that
+    takes one parameter, such as ``LeaseDialect.plus_seconds``, given twice)."""
+    return f"CASE WHEN {column} IS NOT NULL AND {column} < {moment} THEN {column} ELSE {moment} END"

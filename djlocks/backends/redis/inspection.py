@@ -1,0 +1,96 @@
+"""What Redis says of the names: holders, waiters and cool-downs, by ``SCAN`` and a script."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo, in_queue_order
+from djlocks.backends.redis.protocol import SCAN_BATCH, moment, text, token_of
+from djlocks.backends.redis.store import RedisStore
+
+
+class RedisInspection(RedisStore):
+    """Every name's meta key by ``SCAN``, each described by one script call (pipelined)."""
+
+    def _meta_keys(self) -> Iterator[str]:
+        """Every name's meta key, by ``SCAN`` (never ``KEYS``: it blocks the server)."""
+        try:
+            for key in self.redis().scan_iter(match=f"{self.prefix}:{{*}}:m", count=SCAN_BATCH):
+                yield text(key)
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _described(self, name: str | None) -> list[Sequence[Any]]:
+        """The describe script's reply for ``name``, or for every name (pipelined)."""
+        if name is not None:
+            return [self._run("describe", name)]
+        keys = list(self._meta_keys())
+        replies: list[Sequence[Any]] = []
+        for start in range(0, len(keys), SCAN_BATCH):
+            try:
+                with self.redis().pipeline(transaction=False) as pipe:
+                    for key in keys[start : start + SCAN_BATCH]:
+                        self._scripts["describe"](keys=[key], client=pipe)
+                    replies.extend(pipe.execute())
+            except RedisError as exc:
+                raise self._unavailable(exc) from exc
+        return sorted(replies, key=lambda reply: text(reply[1]))
+
+    def holders(self, name: str | None = None) -> list[HolderInfo]:
+        holders = []
+        for reply in self._described(name):
+            for slot, lease, expires in reply[3]:
+                secret, fence, since, identity = text(lease).split("\n", 3)
+                host, pid, thread, label = json.loads(identity.split("\n")[0])
+                holders.append(
+                    HolderInfo(
+                        name=text(reply[1]),
+                        backend=self.alias,
+                        slot=int(slot),
+                        limit=int(reply[2]),
+                        host=host,
+                        pid=pid,
+                        thread=thread,
+                        label=label,
+                        since=moment(since),
+                        expires_at=moment(expires),
+                        fence=int(fence),
+                        token=token_of(secret, int(slot)),
+                    )
+                )
+        return holders
+
+    def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
+        return [
+            CooldownInfo(
+                name=text(reply[1]), backend=self.alias, slot=int(slot), until=moment(until)
+            )
+            for reply in self._described(name)
+            for slot, until in reply[4]
+        ]
+
+    def waiters(self, name: str | None = None) -> list[WaiterInfo]:
+        waiting = []
+        for reply in self._described(name):
+            for record in reply[5]:
+                _, since, _, identity = text(record).split("\n", 3)
+                host, pid, thread, label = json.loads(identity)
+                waiting.append((text(reply[1]), host, pid, thread, label, moment(since)))
+        return in_queue_order(self.alias, waiting)
+
+    def names(self) -> list[tuple[str, int]]:
+        return [(text(reply[1]), int(reply[2])) for reply in self._described(None)]
+
+    def sweep(self) -> dict[str, int]:
+        """Drop dead waiters from every queue.
+
+        Leases and cool-downs need no sweeping: Redis deletes them at their
+        TTL. Such expiries leave no ``expired`` event (the key is gone before
+        anyone looks); the holder records a ``lost`` event when it notices.
+        """
+        dead = sum(int(self._call("sweep", key)) for key in self._meta_keys())
+        return {"dead waiters": dead}

@@ -1,0 +1,116 @@
+"""The Redis backend's connection (django-redis's client of a cache), scripts and checks."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from django.core import checks
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
+from redis import Redis
+from redis.commands.core import Script
+from redis.exceptions import RedisError, ResponseError
+
+from djlocks.backends.base import LockBackend
+from djlocks.backends.push import RedisListener
+from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_source
+from djlocks.backends.redis.wakeups import WakeListener
+from djlocks.conf import djlocks_settings
+from djlocks.exceptions import BackendUnavailable
+from djlocks.keys import redis_meta_key
+
+
+class RedisStore(LockBackend):
+    """The client, the registered scripts, and the listeners of one Redis backend.
+
+    OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
+    default ``"default"``), ``prefix`` (key prefix, default
+    ``DJLOCKS["KEY_PREFIX"]``).
+    """
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        self.cache: str = self.options.get("cache", "default")
+        self.prefix: str = self.options.get("prefix") or djlocks_settings()["KEY_PREFIX"]
+        if not self.prefix or not set(self.prefix) <= PREFIX_CHARACTERS:
+            raise ImproperlyConfigured(
+                f"djlocks backend {alias!r}: the Redis key prefix {self.prefix!r} must be "
+                f"non-empty letters, digits and '_.-:' (no braces or glob characters)."
+            )
+        self._client: Redis | None = None
+        self._scripts: dict[str, Script] = {}
+        self._wakeups = WakeListener(self.redis, self.prefix)
+        #: Where forced releases and graceful releases' requests tell holders (``watch``).
+        self.revocations = f"{self.prefix}:revoked"
+        self._revocations = RedisListener(self.redis, self.revocations)
+
+    def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
+        """When Django asks about databases: E008 a cache that is not django-redis,
+        W005 Redis cannot be reached, W004 an eviction policy that may delete leases."""
+        if databases is None:
+            return []
+        try:
+            policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
+        except ImproperlyConfigured as exc:
+            hint = "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is " + repr(
+                "django_redis.cache.RedisCache"
+            )
+            return [Error(str(exc), hint=hint + ".", id="djlocks.E008")]
+        except ResponseError:
+            return []  # CONFIG is disabled (managed Redis): the policy cannot be read
+        except RedisError as exc:
+            return [
+                checks.Warning(
+                    f"djlocks backend {self.alias!r} cannot reach Redis: {exc}",
+                    hint="Start redis-server, or fix the cache's LOCATION.",
+                    id="djlocks.W005",
+                )
+            ]
+        if policy in (None, "noeviction"):
+            return []
+        return [
+            checks.Warning(
+                f"djlocks backend {self.alias!r}: Redis evicts keys (maxmemory-policy="
+                f"{policy}) when it is full, and an evicted lease is a lock granted twice.",
+                hint="Set maxmemory-policy noeviction, or give locks a Redis of their own.",
+                id="djlocks.W004",
+            )
+        ]
+
+    def redis(self) -> Redis:
+        """The django-redis client of the cache ``OPTIONS["cache"]`` (thread-safe, pooled)."""
+        if self._client is None:
+            from django_redis import get_redis_connection
+
+            try:
+                client = get_redis_connection(self.cache)
+            except NotImplementedError as exc:
+                raise ImproperlyConfigured(
+                    f"djlocks backend {self.alias!r} needs CACHES[{self.cache!r}] to use "
+                    f"django-redis ('django_redis.cache.RedisCache'): {exc}"
+                ) from exc
+            except Exception as exc:  # django's InvalidCacheBackendError and friends
+                raise ImproperlyConfigured(
+                    f"djlocks backend {self.alias!r}: CACHES[{self.cache!r}] cannot be used: {exc}"
+                ) from exc
+            self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
+            self._client = client
+        return self._client
+
+    def _run(self, script: str, name: str, *args: str | int) -> Any:
+        """Run ``script`` on the keys of ``name``; Redis errors become ``BackendUnavailable``."""
+        return self._call(script, redis_meta_key(self.prefix, name), *args)
+
+    def _call(self, script: str, meta_key: str, *args: str | int) -> Any:
+        self.redis()
+        try:
+            return self._scripts[script](keys=[meta_key], args=list(args))
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+
+    def _unavailable(self, exc: RedisError) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"djlocks backend {self.alias!r} could not use Redis (cache {self.cache!r}): "
+            f"{exc} Is redis-server running and reachable at the cache's LOCATION?"
+        )

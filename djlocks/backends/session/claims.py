@@ -1,0 +1,180 @@
+"""How a session backend claims a lock or a semaphore slot, waiting in the server.
+
+A lock is one key: tried once, then waited for in the server, watched for
+deadlocks between names (``session_deadlocks``). A semaphore is N slot keys.
+One statement tries them all (a ``CASE``, which stops at the first slot it
+gets, so it takes at most one). If all are taken the caller waits in the
+server for the name's gate key, behind the other waiters. The gate's holder
+waits in the server too, on the slot whose holder was granted longest ago (the
+lowest fence in the holder rows: with similar hold times, the next slot to
+come free), for at most ``SLOT_WAIT`` seconds at a time before it tries them
+all again. So a slot passes to the next waiter as soon as its holder releases
+it, with no polling, while a slot held for long cannot hold up the others'
+hand-offs by more than ``SLOT_WAIT``.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import abstractmethod
+
+from django.db import DatabaseError
+
+from djlocks.backends.base import AcquireRequest
+from djlocks.backends.described import describe
+from djlocks.backends.server_records import SESSION_TABLES, record_grant, register_name
+from djlocks.backends.session.connections import Key, Session, SessionStore
+from djlocks.backends.session_deadlocks import Holders, Wait, is_victim, owner_of, watched
+from djlocks.backends.waiting import seconds_left
+from djlocks.exceptions import LockDeadlock
+from djlocks.keys import GATE, table_key
+
+#: Seconds the gate's holder waits on one slot before it tries every slot again.
+SLOT_WAIT = 0.02
+
+
+class SessionClaims(SessionStore):
+    """Taking a key in the server, and recording the grant's fence and holder."""
+
+    @abstractmethod
+    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+        """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server."""
+
+    #: SQL that tries one key (``%s``) once, without waiting, and is true if it got it.
+    try_sql: str
+
+    @abstractmethod
+    def _give_back(self, session: Session, key: Key) -> bool:
+        """Release ``key``; False if this session did not hold it."""
+
+    @abstractmethod
+    def _holds(self, session: Session, key: Key) -> bool:
+        """Whether ``session`` still holds ``key`` (the heartbeat's keep-alive asks)."""
+
+    @abstractmethod
+    def _waits(self, session: Session) -> list[Wait]:
+        """Every session waiting for a key, with the session that holds the key."""
+
+    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
+        """Issue the fence and record the holder's identity; return the fence."""
+        with session.cursor() as cursor:
+            return record_grant(
+                cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
+            )
+
+    def _register(self, session: Session, request: AcquireRequest) -> None:
+        """Record the name before waiting, so waiters can be shown by name."""
+        with session.cursor() as cursor:
+            register_name(cursor, self.vendor, SESSION_TABLES, request)
+
+    def _claim(
+        self, session: Session, request: AcquireRequest, deadline: float | None
+    ) -> int | None:
+        identity = describe(request)
+        if request.limit == 1:
+            key = self.key(request.name)
+            if self._take(session, key, 0, identity):
+                return 0
+            if seconds_left(deadline) == 0:
+                return None
+            self._register(session, request)
+            return self._wait_watched(session, request, key, deadline, identity)
+        slot, _ = self._try_slots(session, request)
+        if slot is not None or seconds_left(deadline) == 0:
+            return slot
+        self._register(session, request)
+        gate = self.key(request.name, GATE)
+        if not self._take(session, gate, seconds_left(deadline), identity):
+            return None
+        try:
+            return self._wait_for_a_slot(session, request, identity, deadline)
+        finally:
+            self._give_back(session, gate)
+
+    def _wait_watched(
+        self,
+        session: Session,
+        request: AcquireRequest,
+        key: Key,
+        deadline: float | None,
+        identity: str,
+    ) -> int | None:
+        """Wait in the server for the lock ``key``, watched for deadlocks (session_deadlocks)."""
+        with watched(
+            lambda: self._is_deadlock_victim(session.connection_id),
+            lambda: self._kill_aside(session),
+        ) as victim:
+            try:
+                granted = self._take(session, key, seconds_left(deadline), identity)
+            except DatabaseError:
+                if not victim.is_set():
+                    raise
+                granted = False
+        if victim.is_set():
+            raise LockDeadlock(
+                f"{request.name!r}: this wait would never end. Its holder waits, directly "
+                f"or through others, for a session lock that this thread holds. This wait "
+                f"was chosen to end it (it began last). Release your locks and try again, "
+                f"or take names in one fixed order."
+            )
+        return 0 if granted else None
+
+    def _is_deadlock_victim(self, connection_id: int) -> bool:
+        """Whether the wait of session ``connection_id`` is a deadlock's victim.
+
+        Runs in the watching thread, on a side session (never on a Django
+        connection of that thread, which nobody would close).
+        """
+        with self._side_session() as side:
+            waits = self._waits(side)
+            holders = sorted({wait.holder for wait in waits})
+            rows = (
+                side.fetchall(
+                    f"SELECT connection_id, name, slot_limit, slot, host, pid, thread "
+                    f"FROM {SESSION_TABLES.holder} "
+                    f"WHERE connection_id IN ({', '.join(['%s'] * len(holders))})",
+                    holders,
+                )
+                if holders
+                else []
+            )
+        owners: Holders = {}
+        for holder, name, limit, slot, host, pid, thread in rows:
+            owner = owner_of(host, pid, thread)
+            if owner is not None:
+                key = self.key(name) if limit == 1 else self.key(name, slot)
+                owners[int(holder), key] = owner
+        return is_victim(connection_id, waits, owners)
+
+    def _wait_for_a_slot(
+        self, session: Session, request: AcquireRequest, identity: str, deadline: float | None
+    ) -> int | None:
+        """As the gate's holder: wait in the server on the slot likeliest to come free
+        next, ``SLOT_WAIT`` seconds at a time, trying every slot in between."""
+        while True:
+            slot, oldest = self._try_slots(session, request)
+            if slot is not None:
+                return slot
+            left = seconds_left(deadline)
+            if left == 0:
+                return None
+            wait = SLOT_WAIT if left is None else min(SLOT_WAIT, left)
+            if self._take(session, self.key(request.name, oldest), wait, identity):
+                return oldest
+
+    def _try_slots(self, session: Session, request: AcquireRequest) -> tuple[int | None, int]:
+        """Try every slot in one statement, taking at most one; return it (``None`` if
+        all were taken) and the slot granted longest ago (the lowest fence)."""
+        first = random.randrange(request.limit)  # spread first tries over the slots
+        order = [(first + offset) % request.limit for offset in range(request.limit)]
+        tries = " ".join(f"WHEN {self.try_sql} THEN {slot}" for slot in order)
+        got, oldest = session.execute(
+            f"SELECT CASE {tries} END, (SELECT slot FROM {SESSION_TABLES.holder} "
+            f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1)",
+            (
+                *(self.key(request.name, slot) for slot in order),
+                table_key(request.name),
+                request.limit,
+            ),
+        )
+        return got, first if oldest is None else int(oldest)

@@ -1,0 +1,268 @@
+"""The contract every backend keeps, run against each backend that the test settings
+configure for the database DJLOCKS_DB picks, and the in-process backend.
+
+What a test expects follows the backend's declared ``capabilities``, never its
+class: a backend without semaphores or cool-downs must refuse them with a clear
+error, one that keeps its grants in the caller's transaction must refuse async
+code. What only one backend does is tested in that backend's own module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.test import override_settings
+
+from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore
+from djlocks.backends import backends
+from djlocks.backends.base import Capabilities
+from djlocks.backends.waiting import Abort
+from djlocks.grant import Grant
+from djlocks.inspection import force_release
+from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
+from tests.processes import manage, wait_for_file
+
+pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
+
+#: The backends the test settings configure for this database (the catalogue's columns).
+CONFIGURED = list(settings.DJLOCKS["BACKENDS"])
+#: ... and the in-process backend, which keeps the same contract within one process.
+EVERY = [*CONFIGURED, "locmem"]
+
+
+@pytest.fixture(params=EVERY)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The alias of the backend under test; the in-process one is added for its tests."""
+    alias = str(request.param)
+    if alias != "locmem":
+        yield alias
+        return
+    configured = settings.DJLOCKS["BACKENDS"]
+    locmem = {"BACKEND": "djlocks.backends.locmem.LocMemBackend"}
+    with override_settings(DJLOCKS={**settings.DJLOCKS, "BACKENDS": {**configured, alias: locmem}}):
+        yield alias
+
+
+#: For what the in-process backend cannot show: other processes, server sessions.
+shared = pytest.mark.parametrize("backend", CONFIGURED)
+
+
+def can(alias: str) -> Capabilities:
+    return backends[alias].capabilities
+
+
+@contextlib.contextmanager
+def held_in_another_thread(
+    name: str, backend: str, limit: int = 1, **options: Any
+) -> Iterator[Grant]:
+    """A grant of ``name`` held by a new thread until the block ends (a row lock's
+    transaction belongs to the thread that took it, so that thread releases it)."""
+    granted: queue.Queue[Grant] = queue.Queue()
+    done = threading.Event()
+    spec = Semaphore(name, limit=limit, backend=backend, **options)
+
+    def hold() -> None:
+        try:
+            with spec as grant:
+                granted.put(grant)
+                done.wait(60)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        yield granted.get(timeout=30)
+    finally:
+        done.set()
+        holder.join(30)
+
+
+def test_a_name_has_one_holder_and_each_grant_a_higher_fence(backend: str) -> None:
+    fences = []
+    for _ in range(3):
+        with held_in_another_thread("contract:one", backend, ttl=5) as grant:
+            fences.append(grant.fence)
+            assert not Lock("contract:one", backend=backend).acquire(timeout=0)
+    assert fences == sorted(set(fences)) and len(fences) == 3
+
+
+@pytest.mark.catalogue("two-handles")
+@shared
+def test_a_second_handle_in_the_same_thread_waits_like_anyone_else(backend: str) -> None:
+    """Not re-entrant on any backend, although GET_LOCK and advisory locks are re-entrant
+    per server session: each grant has a session of its own."""
+    first = Lock("contract:twice", backend=backend, ttl=5)
+    assert first.acquire(timeout=0)
+    try:
+        assert not Lock("contract:twice", backend=backend).acquire(timeout=0)
+        assert not first.acquire(timeout=0), "the same handle does not re-enter either"
+    finally:
+        first.release()
+    again = Lock("contract:twice", backend=backend)
+    assert again.acquire(timeout=0), "free again after the release"
+    again.release()
+
+
+def test_releasing_what_is_not_held_raises_not_held(backend: str) -> None:
+    lock = Lock("contract:unheld", backend=backend, ttl=5)
+    with pytest.raises(NotHeld):
+        lock.release()
+    visible = can(backend).forced_release  # row locks on SQLite show no holder to anyone
+    with lock:
+        assert lock.locked() == visible
+    # Row locks on MySQL: InnoDB's transaction table is a cache, so for about a second
+    # after the commit the holder can still be shown (docs/backends/row.md).
+    deadline = time.monotonic() + 2
+    while lock.locked():
+        assert time.monotonic() < deadline, "the holder is still shown after its release"
+        time.sleep(0.05)
+    with pytest.raises(NotHeld):
+        lock.release()
+
+
+def test_a_timeout_is_waited_out_and_a_with_block_raises_not_acquired(backend: str) -> None:
+    with held_in_another_thread("contract:busy", backend, ttl=5):
+        began = time.monotonic()
+        assert not Lock("contract:busy", backend=backend).acquire(timeout=0.4)
+        assert 0.35 <= time.monotonic() - began < 3
+        with pytest.raises(NotAcquired), Lock("contract:busy", backend=backend, timeout=0):
+            pass
+
+
+def test_a_semaphore_grants_its_limit_of_slots_or_is_refused(backend: str) -> None:
+    if not can(backend).semaphores:
+        with pytest.raises(ValueError, match="emaphore"):
+            Semaphore("contract:sem", limit=3, backend=backend).acquire(timeout=0)
+        return
+    grants: list[Grant] = []
+    with contextlib.ExitStack() as stack:
+        for _ in range(3):
+            grants.append(
+                stack.enter_context(held_in_another_thread("contract:sem", backend, limit=3, ttl=5))
+            )
+        assert sorted(grant.slot for grant in grants) == [0, 1, 2]
+        assert len({grant.fence for grant in grants}) == 3
+        assert not Semaphore("contract:sem", limit=3, backend=backend).acquire(timeout=0)
+        holders = backends[backend].holders("contract:sem")
+        assert sorted((h.slot, h.limit) for h in holders) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_a_cooldown_holds_the_name_back_or_is_refused(backend: str) -> None:
+    lock = Lock("contract:cool", backend=backend, ttl=5, cooldown=0.6)
+    if not can(backend).cooldowns:
+        with pytest.raises(ValueError, match="cool-down"):
+            lock.acquire(timeout=0)
+        assert backends[backend].holders("contract:cool") == []
+        return
+    with lock:
+        pass
+    assert not Lock("contract:cool", backend=backend).acquire(timeout=0)
+    assert backends[backend].cooldowns("contract:cool"), "the cool-down is shown"
+    later = Lock("contract:cool", backend=backend)
+    assert later.acquire(timeout=5), "free once the cool-down is over"
+    later.release()
+
+
+@shared
+@pytest.mark.catalogue("cancelled-acquires")
+def test_cancelled_waits_leave_nothing_behind(backend: str) -> None:
+    """While the name is held: 20 waits ended by an abort from another thread (as a
+    signal handler or a time limit ends them), then 20 async waits cancelled (or async
+    refused where grants live in the caller's transaction). Afterwards no waiter is
+    left, the holder is untouched, and a fresh acquire gets the name at once."""
+    rng = random.Random(7)
+
+    def aborted_wait() -> Grant | None:
+        abort = Abort()
+        timer = threading.Timer(rng.uniform(0, 0.05), abort.set)
+        timer.start()
+        try:
+            return Lock("contract:cancel", backend=backend).acquire_grant(abort=abort)
+        finally:
+            timer.join()
+            connections.close_all()
+
+    async def cancelled_waits() -> None:
+        for _ in range(20):
+            attempt = asyncio.ensure_future(Lock("contract:cancel", backend=backend).aacquire())
+            await asyncio.sleep(rng.uniform(0, 0.05))
+            attempt.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await attempt
+
+    with held_in_another_thread("contract:cancel", backend, ttl=5) as held:
+        with ThreadPoolExecutor(1) as elsewhere:
+            for _ in range(20):
+                assert elsewhere.submit(aborted_wait).result(timeout=30) is None
+        if can(backend).in_caller_transaction:
+            with pytest.raises(TypeError, match="transaction"):
+                asyncio.run(Lock("contract:cancel", backend=backend).aacquire(timeout=0))
+        else:
+            asyncio.run(cancelled_waits())
+        deadline = time.monotonic() + 5  # a killed server session ends a moment later
+        while backends[backend].waiters("contract:cancel"):
+            assert time.monotonic() < deadline, "a cancelled waiter was left"
+            time.sleep(0.05)
+        held.check()
+    began = time.monotonic()
+    fresh = Lock("contract:cancel", backend=backend)
+    assert fresh.acquire(timeout=5)
+    fresh.release()
+    assert time.monotonic() - began < 1
+
+
+def test_a_forced_release_ends_the_grant_and_its_holder_learns_it(backend: str) -> None:
+    lock = Lock("contract:forced", backend=backend, ttl=5)
+    if not can(backend).forced_release:
+        with lock, pytest.raises(ValueError, match="by force"):
+            backends[backend].force_release("contract:forced")
+        return
+    assert lock.acquire(timeout=0)
+    try:
+        taken = force_release(backends[backend].holders("contract:forced"), operator="test")
+        assert len(taken) == 1
+    finally:
+        with pytest.raises(LockLost):
+            lock.release()
+    assert backends[backend].holders("contract:forced") == []
+
+
+@shared
+@pytest.mark.catalogue("runlocked-supervision")
+def test_runlocked_supervises_its_command(backend: str, tmp_path: Path) -> None:
+    """``runlocked -n`` exits 75 while the name is held; the command's status is passed
+    through; a forced release stops the command (exit 71); a SIGKILLed ``runlocked``
+    frees the name within the backend's crash-release bound."""
+    command = ["runlocked", "contract:cron", "--backend", backend]
+    with held_in_another_thread("contract:cron", backend, ttl=5):
+        assert manage(*command, "-n", "--", "true").wait(60) == EXIT_CONFLICT
+    assert manage(*command, "--", "sh", "-c", "exit 7").wait(60) == 7
+    started = tmp_path / "started"
+    running = [*command, "--ttl", "1.5", "--kill-after", "0.5", "--", "sh", "-c"]
+    if can(backend).forced_release:
+        wrapper = manage(*running, f"echo running > {started}; exec sleep 300")
+        wait_for_file(started)
+        assert len(force_release(backends[backend].holders("contract:cron"))) == 1
+        assert wrapper.wait(10) == EXIT_LOST
+        started.unlink()
+    wrapper = manage(*running, f"echo running > {started}; exec sleep 300")
+    wait_for_file(started)
+    wrapper.kill()
+    wrapper.wait(10)
+    killed = time.monotonic()
+    bound = 1.5 + 0.5 if can(backend).crash_release == "ttl" else 1.0
+    with Lock("contract:cron", backend=backend, timeout=bound + 5):
+        assert time.monotonic() - killed < bound
