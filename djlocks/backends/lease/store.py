@@ -10,7 +10,7 @@ so that a claim can be tried again.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -148,7 +148,8 @@ def transaction(db: BaseDatabaseWrapper, begin: str) -> Iterator[None]:
         try:
             yield
         except BaseException:
-            cursor.execute("ROLLBACK", ())
+            with suppress(Exception):  # a connection that failed: its own error goes on
+                cursor.execute("ROLLBACK", ())
             raise
         cursor.execute("COMMIT", ())
 
