@@ -16,6 +16,7 @@ the grant renewed, but only until the operator's wait runs out.
 
 from __future__ import annotations
 
+import atexit
 import heapq
 import itertools
 import logging
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 renew_log = logging.getLogger("djlocks.renew")
 
 RETRY_AFTER_FAILURE = 0.2
+#: At interpreter exit, how long (seconds) a renewal under way may take to finish.
+EXIT_WAIT = 2.0
 
 
 class Heartbeat:
@@ -53,6 +56,19 @@ class Heartbeat:
         self._entries: dict[Grant, int] = {}
         self._unwatch: dict[Grant, Callable[[], None]] = {}
         self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def stop(self, wait: float = EXIT_WAIT) -> None:
+        """Renew nothing more and end the thread, waiting up to ``wait`` seconds for a
+        renewal under way (run at interpreter exit: the thread, a daemon, is then
+        not caught inside a store's client when the interpreter finalises, and the
+        leases of grants still held end at their TTL)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(wait)
 
     def add(self, grant: Grant) -> None:
         """Renew ``grant`` every TTL/3 from now on, and at once when its store pushes news."""
@@ -111,10 +127,11 @@ class Heartbeat:
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
 
-    def _next_due(self) -> tuple[Grant, int]:
-        """Wait for the next renewal that is due; return its grant and its entry's order."""
+    def _next_due(self) -> tuple[Grant, int] | None:
+        """Wait for the next renewal that is due; return its grant and its entry's order,
+        or ``None`` once the heartbeat stops."""
         with self._wake:
-            while True:
+            while not self._stopping:
                 while self._queue and self._entries.get(self._queue[0][2]) != self._queue[0][1]:
                     heapq.heappop(self._queue)
                 if self._queue:
@@ -125,10 +142,11 @@ class Heartbeat:
                     self._wake.wait(delay)
                 else:
                     self._wake.wait()
+            return None
 
     def _run(self) -> None:
-        while True:
-            grant, order = self._next_due()
+        while (due := self._next_due()) is not None:
+            grant, order = due
             next_due = self._renew(grant)
             if next_due is None:
                 self._forget(grant)
@@ -165,3 +183,4 @@ class Heartbeat:
 
 heartbeat = Heartbeat()
 os.register_at_fork(after_in_child=heartbeat.forget_the_parent)
+atexit.register(heartbeat.stop)

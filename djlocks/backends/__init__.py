@@ -59,12 +59,23 @@ class BackendHandler:
         """Forget every backend and close every connection they opened, in every thread."""
         from djlocks.backends.dedicated import DedicatedConnections
 
+        self.stop_listeners()
+        DedicatedConnections.close_all()
+
+    def stop_listeners(self) -> None:
+        """Forget every backend and stop what each runs in the background (its listener
+        threads), leaving its connections open.
+
+        Run at interpreter exit, so that no listener (a daemon thread) is caught inside
+        a store's client when the interpreter finalises. The connections are left to
+        the operating system: closing one while another thread's statement still runs
+        on it can crash the exiting process (it did on SQLite under Python 3.12).
+        """
         with self._lock:
             built, self._backends = list(self._backends.values()), {}
             self._built_from = None
         for backend in built:
             backend.close()
-        DedicatedConnections.close_all()
 
     def settings_changed(self, *, setting: str, **kwargs: Any) -> None:
         """Rebuild the backends when a test changes ``DJLOCKS["BACKENDS"]`` (and only then:
@@ -78,9 +89,7 @@ class BackendHandler:
 backends = BackendHandler()
 # Connected after djlocks.conf's receiver (imported above), which re-reads DJLOCKS first.
 setting_changed.connect(backends.settings_changed, dispatch_uid="djlocks.backends")
-# Listener threads are daemons: stopped before the interpreter finalises, none is caught
-# inside a store's client (a daemon thread ended there can crash the exiting process).
-atexit.register(backends.reset)
+atexit.register(backends.stop_listeners)
 
 
 def import_hint(exc: ImportError) -> str | None:

@@ -79,8 +79,10 @@ class DedicatedConnections(threading.local):
         if wrapper.connection is None:
             wrapper.ensure_connection()
             # A thread that ends drops its wrapper without closing it: close the
-            # driver's connection then, not at some later garbage collection.
-            weakref.finalize(wrapper, _close_quietly, wrapper.connection)
+            # driver's connection then, not at some later garbage collection. Not at
+            # interpreter exit: the thread may still run a statement on it (see
+            # ``BackendHandler.stop_listeners``), and the operating system closes it.
+            weakref.finalize(wrapper, _close_quietly, wrapper.connection).atexit = False
             if self.on_connect is not None:
                 self.on_connect(wrapper)
         return wrapper
