@@ -15,6 +15,8 @@ from djlocks.models import LeaseWaiter
 from tests.catalogue import Recorder, column_of, unknown_slugs
 
 CATALOGUE = Recorder()
+#: Fixtures that start a private Redis server for the test.
+PRIVATE_REDIS_FIXTURES = {"private_redis", "stoppable_redis"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -23,6 +25,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "catalogue(*slugs, backend=ALIAS): the fault catalogue items (by slug, such as "
         "'holder-killed') this test proves for the backend ALIAS (or for its `backend` "
         "parameter); see tests/catalogue.py",
+    )
+    config.addinivalue_line(
+        "markers",
+        "redis_store: a test of the Redis backend, whose database holds only its history "
+        "(set by conftest; `make test` runs these in the SQLite leg only)",
     )
 
 
@@ -34,6 +41,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{test.nodeid}: not in the fault catalogue (tests/catalogue.py): "
                 + ", ".join(unknown)
             )
+        if _tests_the_redis_store(test):
+            test.add_marker("redis_store")
+
+
+def _tests_the_redis_store(test: pytest.Item) -> bool:
+    """Whether ``test`` is about the Redis backend: its ``backend`` parameter is
+    ``redis``, it is in test_redis_backend.py, or it starts a private Redis."""
+    callspec = getattr(test, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "redis":
+        return True
+    if test.path.name == "test_redis_backend.py":
+        return True
+    return bool(PRIVATE_REDIS_FIXTURES & set(getattr(test, "fixturenames", ())))
 
 
 @pytest.hookimpl(wrapper=True)
