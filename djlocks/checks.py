@@ -2,7 +2,8 @@
 store through its own ``LockBackend.check``.
 
 Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003
-a bad ``TTL``, W006 an unknown key. The backends': E004 leases in an in-memory
+a bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, W006 an unknown key. The
+backends': E004 leases in an in-memory
 SQLite database, W007 SQLite without WAL or ``IMMEDIATE`` transactions (lease);
 E005 an unknown database alias, E006 a database the backend cannot use (every
 database backend); E007 GET_LOCK under Galera, W001 statement-based binary
@@ -25,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from djlocks.backends import import_hint
-from djlocks.conf import DEFAULTS, djlocks_settings
+from djlocks.conf import BACKGROUND, DEFAULTS, SYNCHRONOUS, djlocks_settings
 
 BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
 
@@ -33,7 +34,8 @@ BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid;
-    W006 a key djlocks does not know (a misspelling is otherwise silently ignored)."""
+    E010 EVENTS_WRITER unknown; W006 a key djlocks does not know (a misspelling is
+    otherwise silently ignored)."""
     configured = djlocks_settings()
     messages = _unknown_keys("DJLOCKS", configured, DEFAULTS)
     aliases = configured["BACKENDS"]
@@ -76,6 +78,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 f"DJLOCKS['TTL'] must be a finite number of seconds >= 0.3, not {ttl!r}.",
                 hint="The default is 60.",
                 id="djlocks.E003",
+            )
+        )
+    writer = configured["EVENTS_WRITER"]
+    if writer not in (BACKGROUND, SYNCHRONOUS):
+        messages.append(
+            Error(
+                f"DJLOCKS['EVENTS_WRITER'] must be {BACKGROUND!r} or {SYNCHRONOUS!r}, "
+                f"not {writer!r}.",
+                hint=f"{BACKGROUND!r} (the default) writes the history on a background "
+                f"thread; {SYNCHRONOUS!r} before each lock operation returns.",
+                id="djlocks.E010",
             )
         )
     return messages

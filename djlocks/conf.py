@@ -15,7 +15,12 @@ Keys and defaults (all optional):
 ``EVENTS``
     Record acquisitions, releases, time-outs, losses, expiries and forced
     releases in ``djlocks_event`` for the dashboard's history (``True``).
-    Costs one ``INSERT`` per grant (at its end) and one per time-out.
+    Costs one ``INSERT`` per grant (at its end) and one per time-out, written by
+    a background thread (see ``EVENTS_WRITER``).
+``EVENTS_WRITER``
+    ``"background"`` (the default): a grant's release and a time-out hand their
+    events to a thread of the process, which writes them many at a time;
+    ``"synchronous"``: every event is written before the operation returns.
 ``EVENTS_DATABASE``
     The database alias that holds ``djlocks_event`` (``"default"``).
 ``KEY_PREFIX``
@@ -39,12 +44,18 @@ DEFAULT_BACKEND = {
     "OPTIONS": {"using": "default"},
 }
 
+#: ``EVENTS_WRITER``: routine events go through the background writer.
+BACKGROUND = "background"
+#: ``EVENTS_WRITER``: every event is written before the operation returns.
+SYNCHRONOUS = "synchronous"
+
 DEFAULTS: dict[str, Any] = {
     "BACKENDS": {"default": DEFAULT_BACKEND},
     "TTL": 60,
     "POLL_INTERVAL": 0.25,
     "WAITER_TTL": 10,
     "EVENTS": True,
+    "EVENTS_WRITER": BACKGROUND,
     "EVENTS_DATABASE": "default",
     "EVENTS_RETENTION": 7 * 24 * 3600,
     "KEY_PREFIX": "djlocks",

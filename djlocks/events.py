@@ -6,6 +6,12 @@ cannot break a release. A write that fails is logged on ``djlocks.events``
 and dropped: history is an aid to operators, never a reason to fail a lock
 operation. A grant's ``acquired`` and end events are written together, in
 one ``INSERT``, when the grant ends.
+
+The events of every grant and wait (released, timed out, cancelled) are handed
+to the process's background writer (``djlocks.history_writer``) unless
+``DJLOCKS["EVENTS_WRITER"]`` is ``"synchronous"``. The events that tell of
+trouble (a lost grant, an expired lease, a forced or requested release, a
+cool-down changed by an operator) are written at once, by whoever notices them.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from djlocks import history_writer
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.sql import for_vendor
-from djlocks.conf import djlocks_settings
+from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.forksafe import ForkSafeLock
 from djlocks.kinds import Kind
 from djlocks.percentiles import percentile
@@ -45,6 +52,7 @@ class EventLog:
     def __init__(self) -> None:
         self._connections: dict[str, DedicatedConnections] = {}
         self._guard = ForkSafeLock()
+        self._writer = history_writer.start(self._write)
 
     # -- what happened --------------------------------------------------------
 
@@ -64,7 +72,8 @@ class EventLog:
                     reason=reason,
                     **common,
                 ),
-            ]
+            ],
+            routine=kind == Kind.RELEASED,
         )
 
     def not_acquired(
@@ -85,7 +94,8 @@ class EventLog:
                     label=identity.label,
                     waited=waited,
                 )
-            ]
+            ],
+            routine=True,
         )
 
     def holders_ended(
@@ -141,12 +151,26 @@ class EventLog:
 
     # -- writing and pruning ----------------------------------------------------
 
-    def record(self, events: list[LockEvent]) -> None:
-        """Insert ``events`` in one statement, unless events are switched off or none."""
+    def record(self, events: list[LockEvent], *, routine: bool = False) -> None:
+        """Write ``events``, unless events are switched off or none: ``routine`` ones
+        through the background writer (unless ``EVENTS_WRITER`` is ``"synchronous"``),
+        others at once."""
         settings = djlocks_settings()
         if not events or not settings["EVENTS"]:
             return
-        connections = self._dedicated(settings["EVENTS_DATABASE"])
+        if routine and settings["EVENTS_WRITER"] == BACKGROUND:
+            self._writer.submit(events)
+        else:
+            self._write(events)
+
+    def flush(self, timeout: float = history_writer.EXIT_WAIT) -> bool:
+        """Wait up to ``timeout`` seconds for the events handed to the background writer
+        so far to be written; ``True`` if they are (tests read the history after it)."""
+        return self._writer.flush(timeout)
+
+    def _write(self, events: list[LockEvent]) -> None:
+        """Insert ``events`` now, as few statements as the database allows; log a failure."""
+        connections = self._dedicated(djlocks_settings()["EVENTS_DATABASE"])
         try:
             _insert(connections.get(), events)
         except DatabaseError as exc:
@@ -214,22 +238,27 @@ def _about_grant(grant: Grant) -> dict[str, object]:
 
 
 def _insert(db: BaseDatabaseWrapper, rows: list[LockEvent]) -> None:
-    """One multi-row ``INSERT``, values prepared by the model's fields for ``db``'s vendor."""
+    """Multi-row ``INSERT`` statements, as many rows in each as the database takes
+    (``bulk_batch_size``), values prepared by the model's fields for ``db``'s vendor."""
     from djlocks.models import LockEvent
 
     fields = [f for f in LockEvent._meta.concrete_fields if not f.primary_key]
     quote = db.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields if f.column)
     placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    params = [
-        f.get_db_prep_save(getattr(row, f.attname), connection=db) for row in rows for f in fields
-    ]
+    per_statement = max(1, db.ops.bulk_batch_size(fields, rows))
     with db.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {quote(LockEvent._meta.db_table)} ({columns}) "
-            f"VALUES {', '.join([placeholders] * len(rows))}",
-            params,
-        )
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            cursor.execute(
+                f"INSERT INTO {quote(LockEvent._meta.db_table)} ({columns}) "
+                f"VALUES {', '.join([placeholders] * len(chunk))}",
+                [
+                    f.get_db_prep_save(getattr(row, f.attname), connection=db)
+                    for row in chunk
+                    for f in fields
+                ],
+            )
 
 
 def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:

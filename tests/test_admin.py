@@ -26,6 +26,7 @@ from django.utils import timezone
 from djlocks import LockLost, db_lock, db_semaphore
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
+from djlocks.events import events
 from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_LOST
 from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
@@ -267,6 +268,7 @@ def test_history_records_and_statistics(admin_client: Client) -> None:
             time.sleep(0.02)
     with db_lock("hist:lock", timeout=0):
         assert not db_lock("hist:lock").acquire(timeout=0.05)
+    assert events.flush()  # the background writer has them
     kinds = list(LockEvent.objects.filter(name="hist:lock").values_list("kind", flat=True))
     assert sorted(kinds) == sorted(["acquired"] * 4 + ["released"] * 4 + ["timed_out"])
     data = admin_client.get(name_url("hist:lock").replace("/name/", "/name.json")).json()
@@ -283,6 +285,7 @@ def test_history_can_be_switched_off(settings: Any) -> None:
     settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS": False}
     with db_lock("quiet:lock", timeout=0):
         pass
+    assert events.flush()
     assert not LockEvent.objects.filter(name="quiet:lock").exists()
 
 
@@ -358,6 +361,7 @@ def test_no_admin_page_shows_a_token(admin_client: Client, backend: str) -> None
     with a live grant, a waiter, a cool-down and history to show."""
     with db_lock("leak:old", backend=backend, timeout=0):
         pass
+    assert events.flush()
     report = CONTEXT.Queue()
     waiter = None
     try:

@@ -56,9 +56,12 @@ class BackendHandler:
         return list(djlocks_settings()["BACKENDS"])
 
     def reset(self) -> None:
-        """Forget every backend and close every connection they opened, in every thread."""
+        """Write the history handed to the background writer, then forget every backend
+        and close every connection they opened, in every thread."""
         from djlocks.backends.dedicated import DedicatedConnections
+        from djlocks.events import events
 
+        events.flush()
         self.stop_listeners()
         DedicatedConnections.close_all()
 

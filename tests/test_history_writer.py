@@ -1,0 +1,138 @@
+"""The history's background writer against the real database: a release does not wait
+for its events, the events follow, the synchronous setting waits for each, the process
+writes what it handed over before it exits, and a bad setting is refused."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.db import connection, connections
+
+from djlocks import db_lock
+from djlocks.conf import SYNCHRONOUS
+from djlocks.events import events
+from djlocks.history_writer import HistoryWriter
+from djlocks.models import LockEvent
+from tests.workers import start_worker
+
+pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
+SQLITE = connection.vendor == "sqlite"
+
+
+def release_in_a_thread(name: str) -> threading.Thread:
+    """Take and release ``name`` on the lease backend in a new thread, which then ends."""
+
+    def take_and_release() -> None:
+        try:
+            with db_lock(name, timeout=10):
+                pass
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=take_and_release)
+    worker.start()
+    return worker
+
+
+@pytest.fixture
+def history_table_locked() -> Iterator[threading.Event]:
+    """Another session holds ``djlocks_event`` locked (no write gets in) until the test
+    sets the event it is given, or 60 s pass."""
+    locked, unlock = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                if other.vendor == "postgresql":
+                    cursor.execute("BEGIN")
+                    cursor.execute("LOCK TABLE djlocks_event IN EXCLUSIVE MODE")
+                else:
+                    cursor.execute("LOCK TABLES djlocks_event WRITE")
+                locked.set()
+                unlock.wait(60)
+                cursor.execute("COMMIT" if other.vendor == "postgresql" else "UNLOCK TABLES")
+        finally:
+            other.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        yield unlock
+    finally:
+        unlock.set()
+        holder.join(30)
+
+
+@pytest.mark.skipif(SQLITE, reason="not applicable: SQLite locks the whole database, not a table")
+def test_a_release_does_not_wait_for_its_history(history_table_locked: threading.Event) -> None:
+    """While no event can be written, a release still returns; its events follow once
+    the table is free again."""
+    worker = release_in_a_thread("hw:quick")
+    worker.join(30)
+    assert not worker.is_alive(), "the release waited for its history"
+    assert not events.flush(0.5), "the events were written while the table was locked"
+    history_table_locked.set()
+    assert events.flush(30)
+    kinds = sorted(LockEvent.objects.filter(name="hw:quick").values_list("kind", flat=True))
+    assert kinds == ["acquired", "released"]
+
+
+@pytest.mark.skipif(SQLITE, reason="not applicable: SQLite locks the whole database, not a table")
+def test_synchronous_history_is_written_before_the_release_returns(
+    settings: Any, history_table_locked: threading.Event
+) -> None:
+    settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS_WRITER": SYNCHRONOUS}
+    worker = release_in_a_thread("hw:sync")
+    worker.join(1.0)
+    assert worker.is_alive(), "the release returned before its history was written"
+    history_table_locked.set()
+    worker.join(30)
+    kinds = sorted(LockEvent.objects.filter(name="hw:sync").values_list("kind", flat=True))
+    assert kinds == ["acquired", "released"], "written before the release returned"
+
+
+def take_and_release(name: str, times: int) -> None:
+    """A worker: take and release ``name`` ``times`` times, then exit at once."""
+    for _ in range(times):
+        with db_lock(name, timeout=10):
+            pass
+
+
+def test_a_process_writes_its_history_before_it_exits() -> None:
+    worker = start_worker(take_and_release, "hw:exit", 200)
+    worker.join(60)
+    assert worker.exitcode == 0
+    released = LockEvent.objects.filter(name="hw:exit", kind="released").count()
+    assert released == 200, "events handed to the writer were lost at exit"
+
+
+def test_a_full_queue_makes_the_caller_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``QUEUE_EVENTS`` waiting events, ``submit`` writes on the caller's thread:
+    nothing is dropped, the caller is slowed to the store's pace instead."""
+    monkeypatch.setattr("djlocks.history_writer.QUEUE_EVENTS", 2)
+    blocked, written = threading.Event(), []
+
+    def write(batch: list[Any]) -> None:
+        if threading.current_thread().name == "djlocks-history":
+            blocked.wait(30)
+        written.append((threading.current_thread().name, list(batch)))
+
+    writer = HistoryWriter(write)
+    writer.submit(["a", "b"])  # type: ignore[list-item]
+    writer.submit(["c"])  # type: ignore[list-item]
+    assert written == [("MainThread", ["c"])], "the caller wrote what did not fit"
+    blocked.set()
+    assert writer.flush(10)
+    assert written[1] == ("djlocks-history", ["a", "b"])
+
+
+def test_an_unknown_writer_is_refused_by_the_checks(settings: Any) -> None:
+    settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS_WRITER": "later"}
+    (error,) = [m for m in run_checks() if m.id == "djlocks.E010"]
+    assert "'background' or 'synchronous'" in error.msg
