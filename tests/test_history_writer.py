@@ -17,7 +17,7 @@ from djlocks.conf import SYNCHRONOUS
 from djlocks.events import events
 from djlocks.history_writer import HistoryWriter
 from djlocks.models import LockEvent
-from tests.workers import start_worker
+from tests.workers import start_worker, take_and_release
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 SQLITE = connection.vendor == "sqlite"
@@ -95,13 +95,6 @@ def test_synchronous_history_is_written_before_the_release_returns(
     worker.join(30)
     kinds = sorted(LockEvent.objects.filter(name="hw:sync").values_list("kind", flat=True))
     assert kinds == ["acquired", "released"], "written before the release returned"
-
-
-def take_and_release(name: str, times: int) -> None:
-    """A worker: take and release ``name`` ``times`` times, then exit at once."""
-    for _ in range(times):
-        with db_lock(name, timeout=10):
-            pass
 
 
 def test_a_process_writes_its_history_before_it_exits() -> None:

@@ -63,6 +63,15 @@ def _bootstrap(names: dict[str, str], target: Any, args: tuple[Any, ...]) -> Non
     target(*args)
 
 
+def take_and_release(name: str, times: int) -> None:
+    """Take and release ``name`` ``times`` times, then exit at once."""
+    from djlocks import db_lock
+
+    for _ in range(times):
+        with db_lock(name, timeout=10):
+            pass
+
+
 def hold_then_report(
     name: str, ttl: float, report: Any, hold: float, backend: str = "default"
 ) -> None:
