@@ -28,6 +28,8 @@ events_log = logging.getLogger("djlocks.events")
 QUEUE_EVENTS = 10_000
 #: Events written in one go, at most.
 BATCH_EVENTS = 500
+#: How long (seconds) the writer lets a batch gather after its first event.
+LINGER = 0.05
 #: How long (seconds) ``flush()`` waits by default, and the exit waits.
 EXIT_WAIT = 5.0
 
@@ -50,6 +52,7 @@ class HistoryWriter:
         self._waiting: deque[LockEvent] = deque()
         self._submitted = 0  # events handed over since the start
         self._written = 0  # of these, events written (or dropped by a failed write)
+        self._flushing = 0  # callers of flush() waiting
         self._thread: threading.Thread | None = None
 
     def submit(self, events: list[LockEvent]) -> None:
@@ -62,7 +65,9 @@ class HistoryWriter:
                 overflow = False
                 self._waiting.extend(events)
                 self._submitted += len(events)
-                self._changed.notify_all()
+                waiting = len(self._waiting)
+                if waiting == len(events) or waiting >= BATCH_EVENTS:  # was idle, or is full
+                    self._changed.notify_all()
                 if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
                         target=self._run, name="djlocks-history", daemon=True
@@ -76,12 +81,21 @@ class HistoryWriter:
         ``True`` if they are (or their write failed and was logged)."""
         with self._changed:
             target = self._submitted
-            return self._changed.wait_for(lambda: self._written >= target, timeout)
+            self._flushing += 1  # the writer stops gathering and writes at once
+            self._changed.notify_all()
+            try:
+                return self._changed.wait_for(lambda: self._written >= target, timeout)
+            finally:
+                self._flushing -= 1
 
     def _run(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: bool(self._waiting))
+                # Let a batch gather: one INSERT and commit for many grants, not for each.
+                self._changed.wait_for(
+                    lambda: len(self._waiting) >= BATCH_EVENTS or self._flushing, LINGER
+                )
                 batch = [
                     self._waiting.popleft() for _ in range(min(BATCH_EVENTS, len(self._waiting)))
                 ]
