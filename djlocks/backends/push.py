@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 push_log = logging.getLogger("djlocks.renew")
 
 IDLE_STOP = 30.0  # seconds without a watched grant before the listener stops
-LISTEN_SLICE = 0.25  # seconds the listener blocks on its connection between checks
+LISTEN_SLICE = 0.05  # seconds the listener blocks on its connection between checks
 READY_WAIT = 1.0  # seconds a first watch waits for the listener to be listening
 RECONNECT_PAUSE = 0.2  # seconds between attempts while the store cannot be reached
 
