@@ -56,23 +56,39 @@ def uncontended(report: dict[str, Any]) -> Iterator[Check]:
                     f"{entry['x_rtt']} x RTT",
                     entry["x_rtt"] <= bound,
                 )
-        on, off = found.get(f"djlocks default{ON}"), found.get(f"djlocks default{OFF}")
-        if on and off:
-            extra = (on["median_us"] - off["median_us"]) / run["floor_us"]
-            yield (
-                f"history on costs <= 1 extra round trip ({database}, lease)",
-                f"{extra:.1f} RTT",
-                extra <= 1,
-            )
-    redis = rows(report["redis_locks"]["uncontended"]).get(f"djlocks redis{OFF}")
-    if redis is not None:
-        yield "uncontended, redis <= 3.0 x RTT", f"{redis['x_rtt']} x RTT", redis["x_rtt"] <= 3.0
+        yield from history_cost(found, database, "uncontended", "median_us", slower=True)
+    redis = rows(report["redis_locks"]["uncontended"])
+    yield from history_cost(redis, "redis", "uncontended", "median_us", slower=True)
+    off = redis.get(f"djlocks redis{OFF}")
+    if off is not None:
+        yield "uncontended, redis <= 3.0 x RTT", f"{off['x_rtt']} x RTT", off["x_rtt"] <= 3.0
+
+
+def history_cost(
+    found: dict[str, dict[str, Any]], where: str, workload: str, figure: str, *, slower: bool
+) -> Iterator[Check]:
+    """History on costs at most 10 % against history off, for each djlocks backend with
+    both figures: ``figure`` is a time (``slower``: on may be at most 1.1x off) or a
+    throughput (on must be at least off / 1.1)."""
+    for label, off in found.items():
+        if not label.endswith(OFF):
+            continue
+        on = found.get(label.removesuffix(OFF) + ON)
+        if on is None or not off[figure] or not on[figure]:
+            continue
+        cost = on[figure] / off[figure] - 1 if slower else off[figure] / on[figure] - 1
+        yield (
+            f"history on costs <= 10 %, {workload}: {label.removesuffix(OFF)} on {where}",
+            f"{cost:+.0%}",
+            cost <= 0.10,
+        )
 
 
 def contended(report: dict[str, Any]) -> Iterator[Check]:
     handoff_limits = {"session": 0.5, "default": {"postgresql": 2.0, "mysql": 5.0, "sqlite": 5.0}}
     for database, run in by_database(report["database_locks"]).items():
         found = rows(run["contended"])
+        yield from history_cost(found, database, "contended", "ops_per_s", slower=False)
         raw = found.get(RAW.get(database, ""))
         for alias, ratio in (("session", 0.9), ("default", 0.6)):
             entry = found.get(f"djlocks {alias}{OFF}")
@@ -107,6 +123,7 @@ def contended(report: dict[str, Any]) -> Iterator[Check]:
                     entry["barging_pct"] == 0,
                 )
     redis = rows(report["redis_locks"]["contended"])
+    yield from history_cost(redis, "redis", "contended", "ops_per_s", slower=False)
     ours, peer = redis.get(f"djlocks redis{OFF}"), redis.get("python-redis-lock")
     if ours and peer:
         versus = ours["ops_per_s"] / peer["ops_per_s"]
