@@ -8,7 +8,7 @@ operation. A grant's ``acquired`` and end events are written together, in
 one ``INSERT``, when the grant ends.
 
 The events of every grant and wait (released, timed out, cancelled) are handed
-to the process's background writer (``djlocks.history_writer``) unless
+to the process's background writer (``djlocks.background``) unless
 ``DJLOCKS["EVENTS_WRITER"]`` is ``"synchronous"``. The events that tell of
 trouble (a lost grant, an expired lease, a forced or requested release, a
 cool-down changed by an operator) are written at once, by whoever notices them.
@@ -26,10 +26,9 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from djlocks import history_writer
+from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
-from djlocks.backends.dedicated import DedicatedConnections
-from djlocks.backends.sql import for_vendor
+from djlocks.backends.dedicated import DedicatedConnections, relaxed_commits
 from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.forksafe import ForkSafeLock
 from djlocks.kinds import Kind
@@ -52,7 +51,7 @@ class EventLog:
     def __init__(self) -> None:
         self._connections: dict[str, DedicatedConnections] = {}
         self._guard = ForkSafeLock()
-        self._writer = history_writer.start(self._write)
+        self._writer = background.start(self._write, "djlocks-history")
 
     # -- what happened --------------------------------------------------------
 
@@ -163,7 +162,7 @@ class EventLog:
         else:
             self._write(events)
 
-    def flush(self, timeout: float = history_writer.EXIT_WAIT) -> bool:
+    def flush(self, timeout: float = background.EXIT_WAIT) -> bool:
         """Wait up to ``timeout`` seconds for the events handed to the background writer
         so far to be written; ``True`` if they are (tests read the history after it)."""
         return self._writer.flush(timeout)
@@ -197,7 +196,7 @@ class EventLog:
     def _dedicated(self, using: str) -> DedicatedConnections:
         with self._guard:
             if using not in self._connections:
-                self._connections[using] = DedicatedConnections(using, on_connect=_relaxed)
+                self._connections[using] = DedicatedConnections(using, on_connect=relaxed_commits)
             return self._connections[using]
 
 
@@ -208,19 +207,6 @@ def _event(**fields: object) -> LockEvent:
     from djlocks.models import LockEvent
 
     return LockEvent(**fields)
-
-
-def _relaxed(db: BaseDatabaseWrapper) -> None:
-    """History may lose its last events in a database crash, so it need not wait for the
-    log flush: the vendor's ``HISTORY_SESSION`` statement, for this connection only.
-    Grants and fences keep their durable commits."""
-    try:
-        statement = for_vendor(db.vendor).HISTORY_SESSION
-    except ValueError:  # a database djlocks keeps no SQL for: its commits stay as they are
-        return
-    if statement:
-        with db.cursor() as cursor:
-            cursor.execute(statement)
 
 
 def _about_grant(grant: Grant) -> dict[str, object]:

@@ -56,12 +56,14 @@ class BackendHandler:
         return list(djlocks_settings()["BACKENDS"])
 
     def reset(self) -> None:
-        """Write the history handed to the background writer, then forget every backend
-        and close every connection they opened, in every thread."""
+        """Write the history and holder records handed to the background writers, then
+        forget every backend and close every connection they opened, in every thread."""
         from djlocks.backends.dedicated import DedicatedConnections
+        from djlocks.backends.server_records import holder_records
         from djlocks.events import events
 
         events.flush()
+        holder_records.flush()
         self.stop_listeners()
         DedicatedConnections.close_all()
 

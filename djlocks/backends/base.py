@@ -62,6 +62,10 @@ class HolderInfo:
     fence: int
     token: str
     connection_id: int | None = None
+    #: ``False``: djlocks' own record of this grant is not written (yet); the server
+    #: shows the grant, and who holds it with which fence, but no token, and ``since``
+    #: is when the holder's session last ran a statement.
+    recorded: bool = True
 
 
 @dataclass(frozen=True)

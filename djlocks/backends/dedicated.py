@@ -182,3 +182,18 @@ def _close_before_a_database_is_dropped(
     """
     if connection.alias == NO_DB_ALIAS:
         DedicatedConnections.close_on_server(connection)
+
+
+def relaxed_commits(db: BaseDatabaseWrapper) -> None:
+    """For records that a database crash may lose (the history, late holder records):
+    this connection's commits need not wait for the log flush (the vendor's
+    ``HISTORY_SESSION`` statement). Grants and fences keep their durable commits."""
+    from djlocks.backends.sql import for_vendor
+
+    try:
+        statement = for_vendor(db.vendor).HISTORY_SESSION
+    except ValueError:  # a database djlocks keeps no SQL for: its commits stay as they are
+        return
+    if statement:
+        with db.cursor() as cursor:
+            cursor.execute(statement)

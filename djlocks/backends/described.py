@@ -36,6 +36,13 @@ def parse_description(text: str) -> tuple[str, int, str]:
     return found["host"], int(found["pid"]), found["label"]
 
 
+def fence_described(text: str | None) -> int | None:
+    """The fence in a holder's description (``djlocks#<fence> ...``, which the
+    PostgreSQL advisory-lock backend sets as it is granted); ``None`` if none."""
+    found = _DESCRIPTION.match(text or "")
+    return None if found is None or found["fence"] is None else int(found["fence"])
+
+
 def owner_described(text: str) -> Owner | None:
     """The owner (host, pid, thread id) of a wait from ``describe``'s text."""
     found = _DESCRIPTION.match(text or "")
@@ -45,7 +52,8 @@ def owner_described(text: str) -> Owner | None:
 
 
 _DESCRIPTION = re.compile(
-    r"djlocks (?P<pid>\d+)(?:\.(?P<tid>\d+))?@(?P<host>\S+) ?(?P<label>.*)", re.DOTALL
+    r"djlocks(?:#(?P<fence>\d+))? (?P<pid>\d+)(?:\.(?P<tid>\d+))?@(?P<host>\S+) ?(?P<label>.*)",
+    re.DOTALL,
 )
 
 

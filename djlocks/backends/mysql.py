@@ -88,14 +88,22 @@ class GetLockBackend(SessionBackend):
         with session.cursor() as cursor:
             return mysql.connection_id(cursor)
 
-    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+    def _take(
+        self,
+        session: Session,
+        key: Key,
+        seconds: float | None,
+        identity: str,
+        fenced: bool = True,
+    ) -> int | None:
+        """``GET_LOCK``; 0 when granted (this backend issues fences in ``_record``)."""
         while True:  # a wait "forever" that ran out after FOREVER seconds waits again
             with session.cursor() as cursor:
                 granted = mysql.get_lock(cursor, str(key), seconds, identity)
             if granted is None:
                 raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
             if granted == 1 or seconds is not None:
-                return granted == 1
+                return 0 if granted == 1 else None
 
     def _give_back(self, session: Session, key: Key) -> bool:
         with session.cursor() as cursor:

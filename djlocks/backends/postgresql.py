@@ -19,12 +19,14 @@ dropped for idleness.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import DatabaseError
 
 from djlocks.backends.base import WaiterInfo
 from djlocks.backends.described import owner_described
 from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.backends.session.inspection import Holding
 from djlocks.backends.session_deadlocks import Wait
 from djlocks.backends.sql import postgresql
 from djlocks.backends.sql.postgresql import ADVISORY_HELD, ADVISORY_WAITING, LOCK_KEY
@@ -46,41 +48,78 @@ class AdvisoryLockBackend(SessionBackend):
     #: PostgreSQL's lock manager queues waiters for a lock in arrival order.
     serves_waiters_in_order = True
     try_sql = "pg_try_advisory_lock(%s)"
+    #: Fences come from a sequence, in the granting statement (``sql.postgresql``).
+    fences_in_grant = True
 
     def key(self, name: str, slot: int | str | None = None) -> int:
         return advisory_key(name, slot)
 
     def _prepare(self, session: Session) -> None:
-        settings = {**KEEPALIVE, **dict.fromkeys(NO_IDLE_LIMITS, "0")}
-        session.execute(
-            "SELECT " + ", ".join("set_config(%s, %s, false)" for _ in settings),
+        """Keep-alives, no idle limits, durable commits; and, if the server crashed
+        since the fence sequence was last marked, move the sequence past every value it
+        may hand out again (``sql.postgresql.AFTER_A_CRASH``) before any grant."""
+        settings = {
+            **KEEPALIVE,
+            **dict.fromkeys(NO_IDLE_LIMITS, "0"),
+            **postgresql.FENCE_SESSION_SETTINGS,
+        }
+        marked = session.execute(
+            "SELECT "
+            + ", ".join("set_config(%s, %s, false)" for _ in settings)
+            + f", {postgresql.CRASH_MARKER_PRESENT}",
             [part for setting in settings.items() for part in setting],
-        )
+        )[-1]
+        if not marked:
+            session.execute(postgresql.AFTER_A_CRASH)
 
     def _connection_id(self, session: Session) -> int:
         return int(session.execute("SELECT pg_backend_pid()")[0])
 
-    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
+    def _take(
+        self,
+        session: Session,
+        key: Key,
+        seconds: float | None,
+        identity: str,
+        fenced: bool = True,
+    ) -> int | None:
         if seconds == 0:
-            return bool(session.execute("SELECT pg_try_advisory_lock(%s)", (key,))[0])
-        try:
-            session.execute(
-                "SELECT set_config('application_name', %s, false), "
-                "set_config('lock_timeout', %s, false), pg_advisory_lock(%s)",
-                (
-                    postgresql.application_name(identity),
-                    postgresql.lock_timeout(seconds),
-                    key,
-                ),
+            granting = "SELECT CASE WHEN pg_try_advisory_lock(%s) THEN 0 END AS granted"
+            params: tuple[object, ...] = (key,)
+        else:
+            granting = (
+                "SELECT set_config('application_name', %s, false) AS named, "
+                "set_config('lock_timeout', %s, false) AS timeout, "
+                "pg_advisory_lock(%s) AS locked, 0 AS granted"
             )
+            params = (postgresql.application_name(identity), postgresql.lock_timeout(seconds), key)
+        try:
+            if not fenced:
+                return 0 if session.execute(granting, params)[-1] is not None else None
+            return self._attempt(session, granting, params, ("granted",), identity)[1]
         except DatabaseError as exc:
             state = postgresql.sqlstate(exc)
             if state == postgresql.LOCK_NOT_AVAILABLE:
-                return False
+                return None
             if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise
-        return True
+
+    def _attempt(
+        self,
+        session: Session,
+        granting: str,
+        params: Sequence[object],
+        columns: Sequence[str],
+        identity: str,
+    ) -> tuple[tuple[Any, ...], int | None]:
+        """``granting`` with the fence issued by the same statement (``fenced_grant``)."""
+        row = session.execute(
+            postgresql.fenced_grant(granting, columns),
+            (*params, identity.removeprefix("djlocks")),
+        )
+        fence = row[len(columns)]
+        return tuple(row[: len(columns)]), None if fence is None else int(fence)
 
     def _give_back(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
@@ -117,6 +156,17 @@ class AdvisoryLockBackend(SessionBackend):
             (list(keys),),
         )
         return {int(key): int(pid) for key, pid in rows}
+
+    def _holding_sessions(self, session: Session, keys: Sequence[Key]) -> dict[Key, Holding]:
+        if not keys:
+            return {}
+        rows = session.fetchall(
+            f"SELECT {LOCK_KEY}, l.pid, a.application_name, a.state_change FROM pg_locks l "
+            f"JOIN pg_stat_activity a ON a.pid = l.pid "
+            f"WHERE {ADVISORY_HELD} AND {LOCK_KEY} = ANY(%s)",
+            (list(keys),),
+        )
+        return {int(key): Holding(int(pid), who, since) for key, pid, who, since in rows}
 
     def _waits(self, session: Session) -> list[Wait]:
         rows = session.fetchall(

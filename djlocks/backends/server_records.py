@@ -9,18 +9,32 @@ vendor's ``record_grant`` in ``djlocks.backends.sql``). A fence written there is
 durable and is never handed out again, even if the caller's transaction rolls
 back: fences rise and are never reused. Whether a holder row is live is always
 the server's word, never the row's.
+
+The PostgreSQL advisory-lock backend issues its fences in the locking statement
+itself (a sequence, see ``sql.postgresql.fenced_grant``), so it writes nothing
+before ``acquire`` returns: its holder rows go through a background writer
+(``HolderRecords``), and until a row is written the server's own view shows the
+holder (``pg_stat_activity``'s ``application_name`` carries its identity and fence).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.apps import apps
+from django.db import DatabaseError
 
+from djlocks import background
 from djlocks.backends.base import AcquireRequest
+from djlocks.backends.dedicated import DedicatedConnections, relaxed_commits
 from djlocks.backends.sql import for_vendor
+from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import table_key
+
+records_log = logging.getLogger("djlocks.records")
 
 
 @dataclass(frozen=True)
@@ -78,15 +92,113 @@ def record_grant(
     trip and one commit (see each vendor's ``record_grant`` in ``djlocks.backends.sql``).
     """
     key = table_key(request.name)
-    who = request.identity
     fence_params = (key, request.name, request.limit)
-    holder_params = (
-        *(key, slot, request.name, request.limit, token),
-        connection_id,
-        *(who.host, who.pid, who.thread, who.label),
-    )
+    holder_params = _holder_row(request, slot, token, None, connection_id, None)
     fence: int = for_vendor(vendor).record_grant(cursor, tables, fence_params, holder_params)
     return fence
+
+
+def _holder_row(
+    request: AcquireRequest,
+    slot: int,
+    token: str,
+    fence: int | None,
+    connection_id: int,
+    acquired_at: datetime | None,
+) -> tuple[object, ...]:
+    """A holder row's values in ``HOLDER_COLUMNS`` order; ``record_grant`` fills in
+    the fence and the moment it leaves out (``None``)."""
+    who = request.identity
+    return (
+        *(table_key(request.name), slot, request.name, request.limit, token),
+        *((fence,) if fence is not None else ()),
+        connection_id,
+        *((acquired_at,) if acquired_at is not None else ()),
+        *(who.host, who.pid, who.thread, who.label),
+    )
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """A grant whose holder row is yet to be written: where, and the row."""
+
+    using: str
+    vendor: str
+    tables: RecordTables
+    fence: int
+    row: tuple[object, ...]  # HOLDER_COLUMNS: name_key, slot, name, slot_limit, ...
+
+
+class HolderRecords:
+    """Writes holder rows on a background thread (``djlocks.background``), newest first.
+
+    For backends whose grant statement already issued the fence: ``acquire``
+    returns without a write, and the row follows within ``background.LINGER``
+    seconds. A write that fails is logged and dropped; the holder is then shown
+    from the server's own view.
+    """
+
+    def __init__(self) -> None:
+        self._connections: dict[str, DedicatedConnections] = {}
+        self._guard = ForkSafeLock()
+        self._writer: background.BackgroundWriter[HolderRecord] = background.start(
+            self._write, "djlocks-holders"
+        )
+
+    def submit(
+        self,
+        using: str,
+        vendor: str,
+        tables: RecordTables,
+        grant: tuple[AcquireRequest, int, str, int, int, datetime],
+    ) -> None:
+        """Write the holder row of ``grant`` (request, slot, token, fence, connection
+        id, granted at) soon."""
+        fence = grant[3]
+        self._writer.submit([HolderRecord(using, vendor, tables, fence, _holder_row(*grant))])
+
+    def flush(self, timeout: float = background.EXIT_WAIT) -> bool:
+        """Wait up to ``timeout`` seconds until the rows submitted so far are written."""
+        return self._writer.flush(timeout)
+
+    def _write(self, records: list[HolderRecord]) -> None:
+        batches: dict[tuple[str, str, RecordTables], dict[tuple[object, object], HolderRecord]]
+        batches = {}
+        for record in records:  # a process submits a slot's grants in order: the last wins
+            batch = batches.setdefault((record.using, record.vendor, record.tables), {})
+            batch[record.row[0], record.row[1]] = record
+        for (using, vendor, tables), newest in batches.items():
+            names: dict[object, tuple[object, object, object, int]] = {}
+            for record in newest.values():  # each name's newest fence
+                key, _, name, limit = record.row[:4]
+                if key not in names or names[key][3] < record.fence:
+                    names[key] = (key, name, limit, record.fence)
+            rows, fences = [record.row for record in newest.values()], list(names.values())
+            connections = self._dedicated(using)
+            for attempt in (1, 2):  # a connection the server closed while idle: once more
+                try:
+                    with connections.get().cursor() as cursor:
+                        for_vendor(vendor).record_holders(cursor, tables, rows, fences)
+                    break
+                except DatabaseError as exc:
+                    connections.discard()
+                    if attempt == 2:
+                        records_log.warning(
+                            "%s holder record(s) not written (%s); those holders are "
+                            "shown from the server's own view",
+                            len(rows),
+                            exc,
+                        )
+
+    def _dedicated(self, using: str) -> DedicatedConnections:
+        with self._guard:
+            if using not in self._connections:
+                self._connections[using] = DedicatedConnections(using, on_connect=relaxed_commits)
+            return self._connections[using]
+
+
+#: The process's holder records of the backends that write them in the background.
+holder_records = HolderRecords()
 
 
 def known_names(tables: RecordTables, using: str, name: str | None = None) -> list[tuple[str, int]]:

@@ -111,15 +111,16 @@ class SessionBackend(SessionClaims, SessionInspection):
         session = self._checkout()
         try:
             with abort.cancelling(lambda: self._kill_aside(session)) if abort else nullcontext():
-                slot = self._claim(session, request, deadline)
-            if slot is None:
+                claimed = self._claim(session, request, deadline)
+            if claimed is None:
                 self._checkin(session)
                 return None
             if abort is not None and abort.is_set():
                 session.close()  # granted after the caller gave up: the grant ends with it
                 return None
+            slot, fence = claimed
             token = secrets.token_hex(16)
-            fence = self._record(session, request, slot, token)
+            fence = self._record(session, request, slot, token, fence)
         except DatabaseError as exc:
             self._end(session)  # whatever it may have been granted or still waits for
             if abort and abort.is_set():

@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import random
 from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any
 
 from django.db import DatabaseError
+from django.utils import timezone
 
 from djlocks.backends.base import AcquireRequest
 from djlocks.backends.described import describe
-from djlocks.backends.server_records import SESSION_TABLES, record_grant, register_name
+from djlocks.backends.server_records import (
+    SESSION_TABLES,
+    holder_records,
+    record_grant,
+    register_name,
+)
 from djlocks.backends.session.connections import Key, Session, SessionStore
 from djlocks.backends.session_deadlocks import Holders, Wait, is_victim, owner_of, watched
 from djlocks.backends.waiting import seconds_left
@@ -37,11 +45,39 @@ class SessionClaims(SessionStore):
     """Taking a key in the server, and recording the grant's fence and holder."""
 
     @abstractmethod
-    def _take(self, session: Session, key: Key, seconds: float | None, identity: str) -> bool:
-        """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server."""
+    def _take(
+        self,
+        session: Session,
+        key: Key,
+        seconds: float | None,
+        identity: str,
+        fenced: bool = True,
+    ) -> int | None:
+        """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server for
+        ``key``; ``None`` if not granted, else the grant's fence (see ``_attempt``).
+        ``fenced=False`` (a semaphore's gate) issues no fence."""
 
     #: SQL that tries one key (``%s``) once, without waiting, and is true if it got it.
     try_sql: str
+
+    #: Whether the server issues each grant's fence in the granting statement itself
+    #: (``_attempt``), so ``_record`` writes the holder row in the background; else
+    #: ``_record`` issues the fence with a durable write (``server_records``).
+    fences_in_grant = False
+
+    def _attempt(
+        self,
+        session: Session,
+        granting: str,
+        params: Sequence[object],
+        columns: Sequence[str],
+        identity: str,
+    ) -> tuple[tuple[Any, ...], int | None]:
+        """Run ``granting``, a one-row ``SELECT`` of ``columns`` whose first, ``granted``,
+        is ``NULL`` unless the server granted; return its row and the fence: ``None`` if
+        not granted, else the one the statement issued (``fences_in_grant``) or 0."""
+        row = tuple(session.execute(granting, params))
+        return row, None if row[0] is None else 0
 
     @abstractmethod
     def _give_back(self, session: Session, key: Key) -> bool:
@@ -55,36 +91,53 @@ class SessionClaims(SessionStore):
     def _waits(self, session: Session) -> list[Wait]:
         """Every session waiting for a key, with the session that holds the key."""
 
-    def _record(self, session: Session, request: AcquireRequest, slot: int, token: str) -> int:
-        """Issue the fence and record the holder's identity; return the fence."""
+    def _record(
+        self, session: Session, request: AcquireRequest, slot: int, token: str, fence: int
+    ) -> int:
+        """Record the holder's identity and return the grant's fence: ``fence``, issued
+        with the grant, whose row the background writer adds; else a new one, issued
+        and recorded with one durable write."""
+        if self.fences_in_grant:
+            if (request.name, request.limit) not in self._registered:
+                self._register(session, request)  # once: the server's view can name it
+            grant = (request, slot, token, fence, session.connection_id, timezone.now())
+            holder_records.submit(self.using, self.vendor, SESSION_TABLES, grant)
+            return fence
         with session.cursor() as cursor:
             return record_grant(
                 cursor, self.vendor, SESSION_TABLES, request, slot, token, session.connection_id
             )
 
     def _register(self, session: Session, request: AcquireRequest) -> None:
-        """Record the name before waiting, so waiters can be shown by name."""
+        """Record the name (before waiting, and before its first grant in this process),
+        so its waiters and holders can be shown by name from the server's own view."""
         with session.cursor() as cursor:
             register_name(cursor, self.vendor, SESSION_TABLES, request)
+        self._registered.add((request.name, request.limit))
 
     def _claim(
         self, session: Session, request: AcquireRequest, deadline: float | None
-    ) -> int | None:
+    ) -> tuple[int, int] | None:
+        """Take a lock or a slot, waiting in the server until ``deadline``; return the
+        slot and the fence issued with it (see ``_attempt``), or ``None``."""
         identity = describe(request)
         if request.limit == 1:
             key = self.key(request.name)
-            if self._take(session, key, 0, identity):
-                return 0
+            fence = self._take(session, key, 0, identity)
+            if fence is not None:
+                return 0, fence
             if seconds_left(deadline) == 0:
                 return None
             self._register(session, request)
             return self._wait_watched(session, request, key, deadline, identity)
-        slot, _ = self._try_slots(session, request)
-        if slot is not None or seconds_left(deadline) == 0:
-            return slot
+        slot, _, fence = self._try_slots(session, request, identity)
+        if slot is not None and fence is not None:
+            return slot, fence
+        if seconds_left(deadline) == 0:
+            return None
         self._register(session, request)
         gate = self.key(request.name, GATE)
-        if not self._take(session, gate, seconds_left(deadline), identity):
+        if self._take(session, gate, seconds_left(deadline), identity, fenced=False) is None:
             return None
         try:
             return self._wait_for_a_slot(session, request, identity, deadline)
@@ -98,18 +151,18 @@ class SessionClaims(SessionStore):
         key: Key,
         deadline: float | None,
         identity: str,
-    ) -> int | None:
+    ) -> tuple[int, int] | None:
         """Wait in the server for the lock ``key``, watched for deadlocks (session_deadlocks)."""
         with watched(
             lambda: self._is_deadlock_victim(session.connection_id),
             lambda: self._kill_aside(session),
         ) as victim:
             try:
-                granted = self._take(session, key, seconds_left(deadline), identity)
+                fence = self._take(session, key, seconds_left(deadline), identity)
             except DatabaseError:
                 if not victim.is_set():
                     raise
-                granted = False
+                fence = None
         if victim.is_set():
             raise LockDeadlock(
                 f"{request.name!r}: this wait would never end. Its holder waits, directly "
@@ -117,7 +170,7 @@ class SessionClaims(SessionStore):
                 f"was chosen to end it (it began last). Release your locks and try again, "
                 f"or take names in one fixed order."
             )
-        return 0 if granted else None
+        return None if fence is None else (0, fence)
 
     def _is_deadlock_victim(self, connection_id: int) -> bool:
         """Whether the wait of session ``connection_id`` is a deadlock's victim.
@@ -148,33 +201,40 @@ class SessionClaims(SessionStore):
 
     def _wait_for_a_slot(
         self, session: Session, request: AcquireRequest, identity: str, deadline: float | None
-    ) -> int | None:
+    ) -> tuple[int, int] | None:
         """As the gate's holder: wait in the server on the slot likeliest to come free
         next, ``SLOT_WAIT`` seconds at a time, trying every slot in between."""
         while True:
-            slot, oldest = self._try_slots(session, request)
-            if slot is not None:
-                return slot
+            slot, oldest, fence = self._try_slots(session, request, identity)
+            if slot is not None and fence is not None:
+                return slot, fence
             left = seconds_left(deadline)
             if left == 0:
                 return None
             wait = SLOT_WAIT if left is None else min(SLOT_WAIT, left)
-            if self._take(session, self.key(request.name, oldest), wait, identity):
-                return oldest
+            fence = self._take(session, self.key(request.name, oldest), wait, identity)
+            if fence is not None:
+                return oldest, fence
 
-    def _try_slots(self, session: Session, request: AcquireRequest) -> tuple[int | None, int]:
+    def _try_slots(
+        self, session: Session, request: AcquireRequest, identity: str
+    ) -> tuple[int | None, int, int | None]:
         """Try every slot in one statement, taking at most one; return it (``None`` if
-        all were taken) and the slot granted longest ago (the lowest fence)."""
+        all were taken), the slot granted longest ago (the lowest fence) and the fence
+        issued with the grant (see ``_attempt``)."""
         first = random.randrange(request.limit)  # spread first tries over the slots
         order = [(first + offset) % request.limit for offset in range(request.limit)]
         tries = " ".join(f"WHEN {self.try_sql} THEN {slot}" for slot in order)
-        got, oldest = session.execute(
-            f"SELECT CASE {tries} END, (SELECT slot FROM {SESSION_TABLES.holder} "
-            f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1)",
+        (got, oldest), fence = self._attempt(
+            session,
+            f"SELECT CASE {tries} END AS granted, (SELECT slot FROM {SESSION_TABLES.holder} "
+            f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1) AS oldest",
             (
                 *(self.key(request.name, slot) for slot in order),
                 table_key(request.name),
                 request.limit,
             ),
+            ("granted", "oldest"),
+            identity,
         )
-        return got, first if oldest is None else int(oldest)
+        return got, first if oldest is None else int(oldest), fence

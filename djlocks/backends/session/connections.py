@@ -94,6 +94,7 @@ class SessionStore(LockBackend):
         self._guard = ForkSafeLock()
         self._pid = os.getpid()
         self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
+        self._registered: set[tuple[str, int]] = set()  # (name, limit) known to the store
 
     @abstractmethod
     def key(self, name: str, slot: int | str | None = None) -> Key:

@@ -1,21 +1,41 @@
 """What the server says of a session backend's names: holders, waiters, forced release.
 
 The holder rows (``djlocks_session_holder``) carry identity and fences; whether
-a row's grant is live is always the server's word (``_live_keys``).
+a row's grant is live is always the server's word (``_holding_sessions``).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
-from djlocks.backends.described import queue_order
-from djlocks.backends.server_records import SESSION_TABLES, known_names
+from djlocks.backends.described import (
+    fence_described,
+    owner_described,
+    parse_description,
+    queue_order,
+)
+from djlocks.backends.server_records import SESSION_TABLES, holder_records, known_names
 from djlocks.backends.session.connections import Key, Session, SessionStore
 from djlocks.keys import GATE, table_key
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A server session that holds a key, as the server shows it."""
+
+    connection_id: int
+    #: What the session says of itself (PostgreSQL's ``application_name``: who holds,
+    #: with the grant's fence, see ``described``); ``None`` where the server shows none.
+    description: str | None = None
+    #: When the session last changed state (``pg_stat_activity.state_change``).
+    since: datetime | None = None
 
 
 class SessionInspection(SessionStore):
@@ -25,6 +45,11 @@ class SessionInspection(SessionStore):
     def _live_keys(self, session: Session, keys: Sequence[Key]) -> dict[Key, int]:
         """Which of ``keys`` the server says are held, and by which connection id."""
 
+    def _holding_sessions(self, session: Session, keys: Sequence[Key]) -> dict[Key, Holding]:
+        """Which of ``keys`` the server says are held, by which session, and what that
+        session says of itself (where the server shows it: see ``Holding``)."""
+        return {key: Holding(cid) for key, cid in self._live_keys(session, keys).items()}
+
     def _holder_rows(self, name: str | None) -> list[Any]:
         from djlocks.models import SessionHolder
 
@@ -32,29 +57,75 @@ class SessionInspection(SessionStore):
         return list(rows if name is None else rows.filter(key=table_key(name)))
 
     def holders(self, name: str | None = None) -> list[HolderInfo]:
-        rows = self._holder_rows(name)
-        keys = {self.key(r.name) if r.limit == 1 else self.key(r.name, r.slot): r for r in rows}
+        """Every live grant: its holder row where the row is this grant's (same server
+        session and, where the server shows it, same fence); else, where the server
+        shows the holding session's own description, the holder from it, marked
+        ``recorded=False`` (a record the background writer has not written yet)."""
+        holder_records.flush()  # this process's own grants are always listed in full
+        rows = {self._row_key(row): row for row in self._holder_rows(name)}
+        slots = {key: (row.name, row.slot, row.limit) for key, row in rows.items()}
+        for known, limit in known_names(SESSION_TABLES, self.using, name):
+            for slot in range(limit):
+                slots.setdefault(
+                    self.key(known) if limit == 1 else self.key(known, slot), (known, slot, limit)
+                )
         with self._side_session() as side:
-            live = self._live_keys(side, list(keys))
-        return [
-            HolderInfo(
-                name=row.name,
-                backend=self.alias,
-                slot=row.slot,
-                limit=row.limit,
-                host=row.host,
-                pid=row.pid,
-                thread=row.thread,
-                label=row.label,
-                since=row.acquired_at,
-                expires_at=None,
-                fence=row.fence,
-                token=row.token,
-                connection_id=row.connection_id,
-            )
-            for key, row in keys.items()
-            if live.get(key) == row.connection_id
-        ]
+            live = self._holding_sessions(side, list(slots))
+        found = []
+        for key, holding in live.items():
+            row = rows.get(key)
+            shown = fence_described(holding.description)
+            if (
+                row is not None
+                and row.connection_id == holding.connection_id
+                and shown in (None, row.fence)
+            ):
+                found.append(self._recorded(row))
+            elif shown is not None and holding.since is not None:
+                found.append(self._from_the_server(*slots[key], holding, shown))
+        return sorted(found, key=lambda holder: (holder.name, holder.slot))
+
+    def _row_key(self, row: Any) -> Key:
+        return self.key(row.name) if row.limit == 1 else self.key(row.name, row.slot)
+
+    def _recorded(self, row: Any) -> HolderInfo:
+        return HolderInfo(
+            name=row.name,
+            backend=self.alias,
+            slot=row.slot,
+            limit=row.limit,
+            host=row.host,
+            pid=row.pid,
+            thread=row.thread,
+            label=row.label,
+            since=row.acquired_at,
+            expires_at=None,
+            fence=row.fence,
+            token=row.token,
+            connection_id=row.connection_id,
+        )
+
+    def _from_the_server(
+        self, name: str, slot: int, limit: int, holding: Holding, fence: int
+    ) -> HolderInfo:
+        host, pid, label = parse_description(holding.description or "")
+        owner = owner_described(holding.description or "")
+        return HolderInfo(
+            name=name,
+            backend=self.alias,
+            slot=slot,
+            limit=limit,
+            host=host,
+            pid=pid,
+            thread="" if owner is None else f"(tid {owner[2]})",
+            label=label,
+            since=holding.since or timezone.now(),
+            expires_at=None,
+            fence=fence,
+            token="",
+            connection_id=holding.connection_id,
+            recorded=False,
+        )
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Kill the holder's session, after the server confirms it still holds the key."""

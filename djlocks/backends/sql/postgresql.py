@@ -97,6 +97,83 @@ def record_grant(
     return int(cursor.fetchone()[0])
 
 
+# -- Fences issued in the locking statement (djlocks.backends.postgresql) -----------
+
+#: The sequence that issues the advisory-lock backend's fences (migration 0006). Its
+#: values rise for every name at once, so each name's fences rise too.
+FENCE_SEQUENCE = "djlocks_session_fence_seq"
+#: An ``UNLOGGED`` table of at most one row. PostgreSQL empties unlogged tables in crash
+#: recovery (and a promoted standby starts with them empty) but keeps them across a clean
+#: shutdown (the manual, "CREATE TABLE": UNLOGGED). Empty means: the sequence may have
+#: gone back since it last had a row.
+CRASH_MARKER = "djlocks_session_fence_guard"
+#: How far the sequence jumps after a crash. ``nextval`` writes its WAL record 32 values
+#: ahead and the caller's commit flushes it, but a value read by another session before
+#: that flush (a non-logging call commits without flushing) can come back after a crash.
+#: Such values are at most 33 per server connection, and PostgreSQL allows fewer than
+#: 2**18 connections: the jump clears them all.
+CRASH_GAP = 1 << 24
+#: Run on each new session: commits flush the WAL (whatever the server's default), and
+#: the crash marker is read in the same round trip (see ``AFTER_A_CRASH``).
+FENCE_SESSION_SETTINGS = {"synchronous_commit": "on"}
+CRASH_MARKER_PRESENT = f"EXISTS (SELECT 1 FROM {CRASH_MARKER})"
+#: Run when the marker is missing: one session marks and moves the sequence past every
+#: value it may repeat, in one durable commit; any other waits on the marker's key and
+#: then does nothing. Every session that can issue a fence after a crash is new (crash
+#: recovery ends them all), so each one passes here before its first grant.
+AFTER_A_CRASH = (
+    f"WITH marked AS (INSERT INTO {CRASH_MARKER} VALUES (true) ON CONFLICT DO NOTHING "
+    f"RETURNING 1) SELECT setval('{FENCE_SEQUENCE}', nextval('{FENCE_SEQUENCE}') + "
+    f"{CRASH_GAP}) FROM marked"
+)
+#: The holder's ``application_name`` starts with this and its fence (``djlocks#42 ...``).
+HOLDER_PREFIX = "djlocks#"
+
+
+def fenced_grant(granting: str, columns: Sequence[str]) -> str:
+    """``granting`` (a one-row ``SELECT`` whose ``granted`` column is ``NULL`` unless the
+    server granted) made to issue the grant's fence in the same statement.
+
+    Returns ``columns`` of ``granting``, then the fence (``NULL`` if not granted);
+    on a grant, sets the session's ``application_name`` to ``HOLDER_PREFIX``, the
+    fence and the text of one more ``%s`` parameter (what ``described.describe``
+    writes after ``"djlocks"``), so ``pg_stat_activity`` shows who holds, with which
+    fence, from the moment of the grant. ``granting`` runs once (a CTE with volatile
+    functions is never inlined: the manual, "WITH Queries").
+    """
+    kept = ", ".join(f"attempt.{column}" for column in columns)
+    return (
+        f"WITH attempt AS ({granting}) "
+        f"SELECT {kept}, issued.fence, set_config('application_name', COALESCE("
+        f"'{HOLDER_PREFIX}' || issued.fence || %s, current_setting('application_name')), "
+        f"false) FROM attempt LEFT JOIN LATERAL (SELECT nextval('{FENCE_SEQUENCE}') AS fence "
+        f"WHERE attempt.granted IS NOT NULL) issued ON true"
+    )
+
+
+def record_holders(
+    cursor: Any,
+    tables: RecordTables,
+    holders: Sequence[Sequence[object]],
+    names: Sequence[Sequence[object]],
+) -> None:
+    """Write ``holders`` (rows in ``HOLDER_COLUMNS`` order, at most one per slot) where
+    no newer grant's row is already, and raise the fence rows of ``names`` (key, name,
+    limit, newest fence; one per name) to their newest fence, in one statement."""
+    overwrite = ", ".join(f"{column} = EXCLUDED.{column}" for column in OVERWRITTEN)
+    row = "(" + ", ".join(["%s"] * len(HOLDER_COLUMNS.split(","))) + ")"
+    cursor.execute(
+        f"WITH written AS (INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) "
+        f"VALUES {', '.join([row] * len(holders))} ON CONFLICT (name_key, slot) DO UPDATE "
+        f"SET {overwrite} WHERE {tables.holder}.fence < EXCLUDED.fence) "
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
+        f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(names))} ON CONFLICT (name_key) "
+        f"DO UPDATE SET fence = GREATEST({tables.fence}.fence, EXCLUDED.fence), "
+        f"slot_limit = EXCLUDED.slot_limit",
+        [value for rows in (holders, names) for record in rows for value in record],
+    )
+
+
 # -- Server sessions: who waits, who holds, killing a session -------------------
 
 #: The signed bigint key of an advisory lock row of ``pg_locks`` (alias ``l``).

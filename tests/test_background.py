@@ -13,9 +13,9 @@ from django.core.checks import run_checks
 from django.db import connection, connections
 
 from djlocks import db_lock
+from djlocks.background import BackgroundWriter
 from djlocks.conf import SYNCHRONOUS
 from djlocks.events import events
-from djlocks.history_writer import HistoryWriter
 from djlocks.models import LockEvent
 from tests.workers import start_worker, take_and_release
 
@@ -106,9 +106,9 @@ def test_a_process_writes_its_history_before_it_exits() -> None:
 
 
 def test_a_full_queue_makes_the_caller_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past ``QUEUE_EVENTS`` waiting events, ``submit`` writes on the caller's thread:
+    """Past ``QUEUE_RECORDS`` waiting records, ``submit`` writes on the caller's thread:
     nothing is dropped, the caller is slowed to the store's pace instead."""
-    monkeypatch.setattr("djlocks.history_writer.QUEUE_EVENTS", 2)
+    monkeypatch.setattr("djlocks.background.QUEUE_RECORDS", 2)
     blocked, written = threading.Event(), []
 
     def write(batch: list[Any]) -> None:
@@ -116,9 +116,9 @@ def test_a_full_queue_makes_the_caller_write(monkeypatch: pytest.MonkeyPatch) ->
             blocked.wait(30)
         written.append((threading.current_thread().name, list(batch)))
 
-    writer = HistoryWriter(write)
-    writer.submit(["a", "b"])  # type: ignore[list-item]
-    writer.submit(["c"])  # type: ignore[list-item]
+    writer: BackgroundWriter[str] = BackgroundWriter(write, "djlocks-history")
+    writer.submit(["a", "b"])
+    writer.submit(["c"])
     assert written == [("MainThread", ["c"])], "the caller wrote what did not fit"
     blocked.set()
     assert writer.flush(10)

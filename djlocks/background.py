@@ -1,0 +1,120 @@
+"""Background writers: lock operations hand over records and go on; one daemon
+thread per writer and process writes them, many at a time.
+
+Two writers use it: the event history (``djlocks.events``), so that a release is
+one round trip to its store, not two; and the holder records of the PostgreSQL
+advisory-lock backend (``djlocks.backends.server_records``), so that a grant is
+one statement. What this costs: records handed over but not yet written are lost
+if the process is killed (``SIGKILL``, a crash) or its exit waits longer than
+``EXIT_WAIT`` for them. The events that matter after a crash (a lost or expired
+grant, a forced release) are written at once by whoever notices them, and a
+holder whose record is missing is still shown from the server's own view.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+writer_log = logging.getLogger("djlocks.background")
+
+Record = TypeVar("Record")
+
+#: Records waiting to be written, at most; past it, the caller writes its own.
+QUEUE_RECORDS = 10_000
+#: Records written in one go, at most.
+BATCH_RECORDS = 500
+#: How long (seconds) the writer lets a batch gather after its first record.
+LINGER = 0.05
+#: How long (seconds) ``flush()`` waits by default, and the exit waits.
+EXIT_WAIT = 5.0
+
+
+class BackgroundWriter(Generic[Record]):
+    """Writes the records handed to ``submit()`` with ``write`` on a daemon thread.
+
+    ``write(records)`` should log and drop a write that fails; what it raises all
+    the same is logged here, and the thread goes on. ``thread_name`` names the thread.
+    """
+
+    def __init__(self, write: Callable[[list[Record]], None], thread_name: str) -> None:
+        self._write = write
+        self._thread_name = thread_name
+        self.forget_the_parent()
+
+    def forget_the_parent(self) -> None:
+        """Start empty: at first, and in a forked child (its parent's records are the
+        parent's to write, and the parent's thread did not come along)."""
+        self._changed = threading.Condition()
+        self._waiting: deque[Record] = deque()
+        self._submitted = 0  # records handed over since the start
+        self._written = 0  # of these, records written (or dropped by a failed write)
+        self._flushing = 0  # callers of flush() waiting
+        self._thread: threading.Thread | None = None
+
+    def submit(self, records: list[Record]) -> None:
+        """Write ``records`` soon, on the writer's thread; at once, on the caller's, if
+        ``QUEUE_RECORDS`` are already waiting (the store is slower than the locks)."""
+        with self._changed:
+            if len(self._waiting) + len(records) > QUEUE_RECORDS:
+                overflow = True
+            else:
+                overflow = False
+                self._waiting.extend(records)
+                self._submitted += len(records)
+                waiting = len(self._waiting)
+                if waiting == len(records) or waiting >= BATCH_RECORDS:  # was idle, or is full
+                    self._changed.notify_all()
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._run, name=self._thread_name, daemon=True
+                    )
+                    self._thread.start()
+        if overflow:
+            self._write(records)
+
+    def flush(self, timeout: float = EXIT_WAIT) -> bool:
+        """Wait up to ``timeout`` seconds until every record submitted so far is written;
+        ``True`` if they are (or their write failed and was logged)."""
+        with self._changed:
+            target = self._submitted
+            self._flushing += 1  # the writer stops gathering and writes at once
+            self._changed.notify_all()
+            try:
+                return self._changed.wait_for(lambda: self._written >= target, timeout)
+            finally:
+                self._flushing -= 1
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: bool(self._waiting))
+                # Let a batch gather: one INSERT and commit for many grants, not for each.
+                self._changed.wait_for(
+                    lambda: len(self._waiting) >= BATCH_RECORDS or self._flushing, LINGER
+                )
+                batch = [
+                    self._waiting.popleft() for _ in range(min(BATCH_RECORDS, len(self._waiting)))
+                ]
+            try:
+                self._write(batch)
+            except Exception:  # the thread must outlive any one write
+                writer_log.exception("%s record(s) not written", len(batch))
+            finally:
+                with self._changed:
+                    self._written += len(batch)
+                    self._changed.notify_all()
+
+
+def start(write: Callable[[list[Record]], None], thread_name: str) -> BackgroundWriter[Record]:
+    """A writer for this process that renews itself in forked children and is flushed
+    at interpreter exit (for at most ``EXIT_WAIT`` seconds)."""
+    writer: BackgroundWriter[Record] = BackgroundWriter(write, thread_name)
+    os.register_at_fork(after_in_child=writer.forget_the_parent)
+    atexit.register(writer.flush)
+    return writer
