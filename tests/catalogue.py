@@ -136,6 +136,11 @@ ITEMS = {
     ),
     "runlocked-supervision": Item("runlocked supervision", "LMPRD"),
     "admin-matches-store": Item("The admin matches the store", "LMPRD"),
+    "server-crash": Item(
+        "The database server crashes during a grant storm: every later fence is higher",
+        "LMPR",
+        "SQLite is a file, not a server; a Redis restart is `redis-clock-and-restart`",
+    ),
     "sqlite-processes": Item(
         "SQLite with several processes", "L", "only the lease backend runs on SQLite"
     ),
@@ -155,8 +160,9 @@ ROW_ON_SQLITE = (
     "lock-covers-commit",
     "runlocked-supervision",
 )
-#: Items about replies lost or delayed on the network: SQLite is a file, not a server.
-NETWORK_ITEMS = ("late-acquire-reply", "lost-acquire-reply", "lost-release-reply")
+#: Items about replies lost or delayed on the network, or a server's crash: SQLite is a
+#: file, not a server.
+NETWORK_ITEMS = ("late-acquire-reply", "lost-acquire-reply", "lost-release-reply", "server-crash")
 
 
 def applies(slug: str, key: str) -> bool:

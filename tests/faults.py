@@ -1,5 +1,6 @@
 """Fault tools for the tests: a TCP proxy in front of a real server, a
-private PgBouncer, and a private MariaDB server started with the options a test needs.
+private PgBouncer, and private MariaDB and PostgreSQL servers started with the
+options a test needs, which a test may kill and start again.
 
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
@@ -151,32 +152,43 @@ class PrivateMariaDB:
     directory, started with ``options`` (``mariadbd`` command-line options such as
     ``--binlog-format=STATEMENT``): for server settings the shared server must not
     take. ``root`` logs in without a password; ``databases`` are created empty.
+    ``crash()`` SIGKILLs it; ``start()`` starts it again, with crash recovery.
     """
 
     def __init__(self, *options: str, databases: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-mariadb-"))
-        data = self._home / "data"
-        self._log = (self._home / "server.log").open("w")
+        self._data = self._home / "data"
+        self._options = options
         subprocess.run(
-            ["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+            ["mariadb-install-db", "--no-defaults", f"--datadir={self._data}", "--user=root",
              "--auth-root-authentication-method=normal", "--skip-test-db"],
             check=True, capture_output=True,
         )  # fmt: skip
+        self.start()
+        for name in databases:
+            self.sql(f"CREATE DATABASE `{name}`")
+
+    def start(self) -> None:
+        log = (self._home / "server.log").open("a")
         self._process = subprocess.Popen(
-            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={self._data}",
              f"--port={self.port}", "--bind-address=127.0.0.1", f"--socket={self._home}/sock",
-             f"--pid-file={self._home}/pid", "--innodb-buffer-pool-size=16M", *options],
+             f"--pid-file={self._home}/pid", "--innodb-buffer-pool-size=16M", *self._options],
             stdout=subprocess.DEVNULL,
-            stderr=self._log,
+            stderr=log,
         )  # fmt: skip
-        deadline = time.monotonic() + 30
+        log.close()
+        deadline = time.monotonic() + 60
         while not _accepts(self.port):
             assert self._process.poll() is None, self.log()
             assert time.monotonic() < deadline, "MariaDB did not start: " + self.log()
             time.sleep(0.05)
-        for name in databases:
-            self.sql(f"CREATE DATABASE `{name}`")
+
+    def crash(self) -> None:
+        """SIGKILL the server: no shutdown, as in a crash of the server alone."""
+        self._process.kill()
+        self._process.wait(10)
 
     def sql(self, statement: str) -> str:
         """Run ``statement`` with the ``mariadb`` client; its output, tab-separated."""
@@ -191,9 +203,92 @@ class PrivateMariaDB:
         return ""
 
     def stop(self) -> None:
+        self.crash()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+class PrivatePostgreSQL:
+    """A PostgreSQL cluster of the test's own (``initdb``, then ``postgres``) on a free
+    port of 127.0.0.1, run as the ``postgres`` user, trust authentication, with
+    ``databases`` created empty. ``crash()`` SIGKILLs the postmaster and every
+    server process; ``start()`` starts it again, with crash recovery.
+    """
+
+    def __init__(self, databases: tuple[str, ...] = ()) -> None:
+        import pwd
+
+        (self._bin,) = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1:]
+        account = pwd.getpwnam("postgres")
+        self._ids = (account.pw_uid, account.pw_gid)
+        self.port = free_port()
+        self._home = Path(tempfile.mkdtemp(prefix="djlocks-postgresql-"))
+        os.chown(self._home, *self._ids)
+        self._data = self._home / "data"
+        subprocess.run(
+            [self._bin / "initdb", "-D", self._data, "-A", "trust", "-U", "postgres", "--no-sync"],
+            check=True, capture_output=True, preexec_fn=self._as_postgres,
+        )  # fmt: skip
+        self._process: subprocess.Popen[bytes] | None = None
+        self.start()
+        for name in databases:
+            self.sql(f'CREATE DATABASE "{name}"')
+
+    def _as_postgres(self) -> None:
+        os.setgid(self._ids[1])
+        os.setuid(self._ids[0])
+
+    def start(self) -> None:
+        log = (self._home / "server.log").open("a")
+        self._process = subprocess.Popen(
+            [self._bin / "postgres", "-D", self._data, "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self._home}",
+             "-c", "max_connections=60"],
+            stdout=log, stderr=log, preexec_fn=self._as_postgres,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            assert self._process.poll() is None, self.log()
+            assert time.monotonic() < deadline, "PostgreSQL did not start: " + self.log()
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        ready = subprocess.run(
+            [self._bin / "pg_isready", "-h", "127.0.0.1", "-p", str(self.port)],
+            capture_output=True,
+        )
+        return ready.returncode == 0
+
+    def sql(self, statement: str, database: str = "postgres") -> str:
+        """Run ``statement`` with ``psql``; its output, unaligned and tuples only."""
+        return subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", database,
+             "-Atc", statement],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+
+    def crash(self) -> None:
+        """SIGKILL every server process, postmaster last: no shutdown checkpoint, no WAL
+        flush, as in a power cut of the server alone (the OS keeps what it was given)."""
+        assert self._process is not None
+        children = subprocess.run(
+            ["pgrep", "-P", str(self._process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
         self._process.kill()
         self._process.wait(10)
-        self._log.close()
+        (self._data / "postmaster.pid").unlink(missing_ok=True)
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self._home / "server.log").read_text()
+        return ""
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self.crash()
         shutil.rmtree(self._home, ignore_errors=True)
 
 

@@ -188,3 +188,35 @@ def obey(name: str, backend: str, ttl: float, orders: Any, report: Any) -> None:
                 report.put("released")
         except Exception as exc:
             report.put(type(exc).__name__)
+
+
+def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> None:
+    """Take and release ``name`` (a lock, or a semaphore of ``limit``) until ``stop`` is
+    set, through a database crash: report each grant as ("granted", pid, fence,
+    monotonic time granted, monotonic time released), each failure as ("failed", pid,
+    the exception's class name, monotonic time), then ("done", pid)."""
+    from django.db import DatabaseError, transaction
+
+    from djlocks import Lock, Semaphore
+    from djlocks.exceptions import BackendUnavailable, LockLost
+
+    handle = (
+        Lock(name, backend=backend, timeout=1, ttl=2)
+        if limit == 1
+        else Semaphore(name, limit=limit, backend=backend, timeout=1, ttl=2)
+    )
+    while not stop.is_set():
+        try:
+            with transaction.atomic() if backend == "row" else contextlib.nullcontext():
+                grant = handle.acquire_grant()
+                if grant is None:
+                    continue
+                granted = time.monotonic()
+                time.sleep(0.002)
+                released = time.monotonic()
+                grant.release()
+            report.put(("granted", os.getpid(), grant.fence, granted, released))
+        except (BackendUnavailable, LockLost, DatabaseError) as exc:
+            report.put(("failed", os.getpid(), type(exc).__name__, time.monotonic()))
+            time.sleep(0.1)
+    report.put(("done", os.getpid()))

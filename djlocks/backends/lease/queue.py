@@ -24,6 +24,7 @@ from djlocks.backends.lease.store import WAITERS
 from djlocks.backends.sql import postgresql
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
+from djlocks.exceptions import BackendUnavailable
 
 acquire_log = logging.getLogger("djlocks.acquire")
 
@@ -45,6 +46,7 @@ class LeaseQueue(LeaseClaims):
     ) -> GrantRecord | None:
         waiter_ttl = float(djlocks_settings()["WAITER_TTL"])
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
+        self._leave_abandoned_places()
         ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl))
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         listening = self._listen()
@@ -78,15 +80,30 @@ class LeaseQueue(LeaseClaims):
         finally:
             if listening:
                 self._unlisten()
+            self._leave_queue(ticket)
+
+    def _leave_queue(self, ticket: int) -> None:
+        """Give up the place ``ticket``; if the store cannot be reached (the error that
+        ended the wait, most often), remember it, so that this process's next wait
+        gives it up first instead of queueing behind it until it expires (WAITER_TTL)."""
+        try:
             self._run(lambda db: self._dequeue(db, ticket))
+        except BackendUnavailable:
+            with self._abandoned_guard:
+                self._abandoned.append(ticket)
+
+    def _leave_abandoned_places(self) -> None:
+        with self._abandoned_guard:
+            tickets, self._abandoned = self._abandoned, []
+        for ticket in tickets:
+            self._leave_queue(ticket)
 
     def _listen(self) -> bool:
         """Start hearing releases (PostgreSQL); False where the store cannot notify."""
         if self.dialect.notifying is None:
             return False
         try:
-            with closing(self._listeners.get().create_cursor()) as cursor:
-                cursor.execute(postgresql.listen(postgresql.LEASE_RELEASED), ())
+            self._on_listener(postgresql.listen(postgresql.LEASE_RELEASED))
         except DatabaseError:
             acquire_log.warning("LISTEN failed; falling back to polling", exc_info=True)
             self._listeners.discard()
@@ -96,10 +113,16 @@ class LeaseQueue(LeaseClaims):
     def _unlisten(self) -> None:
         """Stop hearing releases, so an idle connection never holds back the notify queue."""
         try:
-            with closing(self._listeners.get().create_cursor()) as cursor:
-                cursor.execute(postgresql.unlisten(postgresql.LEASE_RELEASED), ())
+            self._on_listener(postgresql.unlisten(postgresql.LEASE_RELEASED))
         except DatabaseError:
             self._listeners.discard()
+
+    def _on_listener(self, statement: str) -> None:
+        """Run ``statement`` on this thread's listening connection; the driver's errors
+        (a server gone, too) arrive as Django's ``DatabaseError``."""
+        listener = self._listeners.get()
+        with listener.wrap_database_errors, closing(listener.create_cursor()) as cursor:
+            cursor.execute(statement, ())
 
     def _pause(self, seconds: float, key: str, abort: Abort | None, listening: bool) -> bool:
         """Sleep up to ``seconds``, less if a release of ``key`` is notified; True if aborted."""

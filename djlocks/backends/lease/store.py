@@ -25,6 +25,7 @@ from djlocks.backends.sql import lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect
 from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.exceptions import BackendUnavailable
+from djlocks.forksafe import ForkSafeLock
 
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
@@ -63,6 +64,9 @@ class LeaseStore(LockBackend):
         self._dialect: LeaseDialect | None = None
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
+        # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
+        self._abandoned: list[int] = []
+        self._abandoned_guard = ForkSafeLock()
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
         for statement in self.dialect.session_setup:

@@ -1,0 +1,116 @@
+"""The database server is SIGKILLed during a grant storm, then started again.
+
+Eight processes take and release a lock and a semaphore of three on a private
+server of the leg's vendor (``tests.faults``), the server is killed, started
+again (crash recovery), and the storm goes on. Then: every fence issued after
+the restart is higher than every fence issued before the crash, the lock's
+holders never overlapped and its fences rose in grant order, and each worker
+came back, having failed meanwhile only with the errors a lost server gives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from djlocks.stress import current_database_names
+from tests.faults import PrivateMariaDB, PrivatePostgreSQL
+from tests.processes import finished, manage
+from tests.workers import CONTEXT, grant_storm, start_worker
+
+pytestmark = [
+    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite is a file, not a server"),
+    pytest.mark.timeout(300),
+]
+
+WORKERS = 8
+SEMAPHORE_LIMIT = 3
+#: Seconds of storm before the crash, and after the restart.
+BEFORE, AFTER = 2.0, 4.0
+#: What a worker may see while the server is down or just back.
+SERVER_LOST = {"BackendUnavailable", "LockLost", "OperationalError", "InterfaceError"}
+
+Server = PrivatePostgreSQL | PrivateMariaDB
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[Server]:
+    """A private server of this leg's vendor with the test database, migrated."""
+    names = tuple(set(current_database_names().values()))
+    server: Server = (
+        PrivatePostgreSQL(databases=names)
+        if connection.vendor == "postgresql"
+        else PrivateMariaDB(databases=names)
+    )
+    try:
+        port = {**os.environ, "DJLOCKS_DB_PORT": str(server.port)}
+        migrate = manage("migrate", "--noinput", env=port, stdout=subprocess.DEVNULL)
+        assert finished(migrate, 180) == 0
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.catalogue("server-crash")
+@pytest.mark.parametrize("backend", ["default", "session", "row"])
+def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
+    backend: str, private_server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DJLOCKS_DB_PORT", str(private_server.port))  # the workers' server
+    lock, semaphore = f"crash:{backend}:lock", f"crash:{backend}:semaphore"
+    stop, report = CONTEXT.Event(), CONTEXT.Queue()
+    workers = [
+        start_worker(grant_storm, *(lock, 1) if n % 2 else (semaphore, SEMAPHORE_LIMIT),
+                     backend, stop, report)
+        for n in range(WORKERS)
+    ]  # fmt: skip
+    try:
+        time.sleep(BEFORE)
+        crashed = time.monotonic()
+        private_server.crash()
+        private_server.start()
+        restarted = time.monotonic()
+        time.sleep(AFTER)
+    finally:
+        stop.set()
+    outcomes = _gather(report, len(workers))
+    for worker in workers:
+        worker.join(30)
+        assert worker.exitcode == 0
+    grants = [o for o in outcomes if o[0] == "granted"]
+    failures = {o[2] for o in outcomes if o[0] == "failed"}
+    assert failures <= SERVER_LOST, failures
+    came_back = {pid for _, pid, _, granted, _ in grants if granted > restarted}
+    assert len(came_back) == WORKERS, "a worker never came back after the restart"
+    for name_pids in (_pids(workers, odd=True), _pids(workers, odd=False)):
+        mine = [g for g in grants if g[1] in name_pids]
+        before = [fence for _, _, fence, granted, _ in mine if granted < crashed]
+        after = [fence for _, _, fence, granted, _ in mine if granted > restarted]
+        assert before and after
+        assert min(after) > max(before), (max(before), min(after))
+    held = sorted((granted, released, fence) for _, pid, fence, granted, released in grants
+                  if pid in _pids(workers, odd=True))  # fmt: skip
+    for (_, released, fence), (granted, _, next_fence) in pairwise(held):
+        assert granted >= released, "two holders of the lock overlapped"
+        assert next_fence > fence, "the lock's fences did not rise in grant order"
+
+
+def _pids(workers: list[Any], odd: bool) -> set[int]:
+    """The lock's workers (odd) or the semaphore's."""
+    return {worker.pid for n, worker in enumerate(workers) if n % 2 == odd}
+
+
+def _gather(report: Any, workers: int) -> list[tuple[Any, ...]]:
+    outcomes, done = [], 0
+    while done < workers:
+        outcome = report.get(timeout=60)
+        done += outcome[0] == "done"
+        outcomes.append(outcome)
+    return outcomes
