@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from io import StringIO
 from urllib.parse import urlencode
 
 import pytest
@@ -28,7 +29,8 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
-from djlocks.backends.sql.postgresql import LOCK_KEY
+from djlocks.backends.server_records import holder_records
+from djlocks.backends.sql.postgresql import CRASH_GAP, CRASH_MARKER, FENCE_SEQUENCE, LOCK_KEY
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_UNAVAILABLE
@@ -480,3 +482,50 @@ def test_the_admin_shows_the_connection_and_releases_by_killing_it(admin_client:
         grant.check()
     with pytest.raises(LockLost):
         grant.release()
+
+
+only_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: only the advisory-lock backend issues fences in the grant",
+)
+
+
+@only_postgresql
+def test_a_fence_sequence_that_went_back_in_a_crash_is_moved_past_it() -> None:
+    """After a crash the sequence may hand out values again that it had handed out
+    (those its WAL had not flushed). Crash recovery empties the unlogged marker: the
+    next new session moves the sequence past them before its first grant."""
+    with lock("s:sequence") as first:
+        pass
+    with connection.cursor() as cursor:  # what a crash may leave: the sequence behind
+        cursor.execute(f"SELECT setval('{FENCE_SEQUENCE}', %s)", (first.fence - 10,))
+        cursor.execute(f"TRUNCATE {CRASH_MARKER}")
+    backends.reset()  # new sessions, as after a crash
+    with lock("s:sequence") as second:
+        assert second.fence > first.fence + CRASH_GAP - 10
+    backends.reset()
+    with lock("s:sequence") as third:  # marked again: no second jump
+        assert second.fence < third.fence < second.fence + CRASH_GAP
+
+
+@only_postgresql
+def test_a_holder_whose_record_is_not_written_is_shown_from_the_servers_view(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The holder row is written after the grant, in the background; until it is (or if
+    it never is), the server's own view shows the holder, its fence and identity,
+    marked as such, and a forced release still finds it."""
+    monkeypatch.setattr(holder_records, "submit", lambda *args: None)  # a writer that died
+    grant = lock("s:unrecorded", label="no record").acquire_grant()
+    assert grant is not None
+    (holder,) = backends[SESSION].holders("s:unrecorded")
+    assert not holder.recorded and holder.token == ""
+    assert (holder.fence, holder.pid, holder.label) == (grant.fence, os.getpid(), "no record")
+    assert holder.thread == f"(tid {threading.get_native_id()})"
+    out = StringIO()
+    call_command("djlocks", "list", "--backend", SESSION, stdout=out)
+    assert "server's view" in out.getvalue()
+    assert len(force_release([holder])) == 1
+    with pytest.raises(LockLost):
+        grant.release()
+    assert backends[SESSION].holders("s:unrecorded") == []

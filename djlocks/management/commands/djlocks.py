@@ -187,6 +187,7 @@ class Command(BaseCommand):
                 f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {h.fence}  "
                 f"{h.host}:{h.pid} {h.thread}  since {h.since:%Y-%m-%d %H:%M:%S}  "
                 f"expires {expiry}{connection}  {h.label}"
+                + ("" if h.recorded else "  (server's view: record not written yet)")
             )
         for w in found.waiters:
             self._say(

@@ -80,6 +80,9 @@
       case "list":
         td.textContent = value.join(", ");
         break;
+      case "flag":
+        td.textContent = value ? header.dataset.yes : header.dataset.no;
+        break;
       default:
         td.textContent = value === null || value === undefined || value === "" ? "—" : value;
     }
