@@ -71,7 +71,9 @@ def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
                      backend, stop, report)
         for n in range(WORKERS)
     ]  # fmt: skip
+    outcomes: list[tuple[Any, ...]] = []
     try:
+        _until_each_was_granted(report, {worker.pid for worker in workers}, outcomes)
         time.sleep(BEFORE)
         crashed = time.monotonic()
         private_server.crash()
@@ -80,7 +82,7 @@ def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
         time.sleep(AFTER)
     finally:
         stop.set()
-    outcomes = _gather(report, len(workers))
+    outcomes += _gather(report, len(workers))
     for worker in workers:
         worker.join(30)
         assert worker.exitcode == 0
@@ -105,6 +107,17 @@ def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
 def _pids(workers: list[Any], odd: bool) -> set[int]:
     """The lock's workers (odd) or the semaphore's."""
     return {worker.pid for n, worker in enumerate(workers) if n % 2 == odd}
+
+
+def _until_each_was_granted(report: Any, pids: set[Any], outcomes: list[tuple[Any, ...]]) -> None:
+    """Read ``report`` into ``outcomes`` until every worker in ``pids`` had a grant (they
+    start at their own pace: spawning and setting Django up)."""
+    waiting = set(pids)
+    while waiting:
+        outcome = report.get(timeout=60)
+        outcomes.append(outcome)
+        if outcome[0] == "granted":
+            waiting.discard(outcome[1])
 
 
 def _gather(report: Any, workers: int) -> list[tuple[Any, ...]]:

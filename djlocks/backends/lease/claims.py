@@ -1,11 +1,13 @@
-"""How the lease backend claims a slot: one statement for a lock, a short
-transaction for a semaphore, the first use of a name or a change of its limit.
+"""How the lease backend claims a slot: one statement for a lock, and for a
+semaphore on PostgreSQL; a short transaction for a semaphore elsewhere, the
+first use of a name or a change of its limit.
 
 A lock (limit 1) is claimed by one ``UPDATE`` that also issues the fence
 (``fence = fence + 1``) and refuses to pass a live waiter of the queue. A
-semaphore slot goes through a transaction that locks the name's slot rows
-(``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``), so the fence is one
-more than the largest fence of any slot of the name.
+semaphore slot's claim locks the name's slot rows (``SELECT ... FOR UPDATE``;
+SQLite's ``BEGIN IMMEDIATE``), so the fence is one more than the largest fence
+of any slot of the name: on PostgreSQL in one ``UPDATE`` whose CTE locks them,
+elsewhere in a transaction.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -39,6 +41,9 @@ SHAPE_RECHECK = 1.0
 #: Claims tried in a row while they meet a deadlock or a busy database.
 CLAIM_RETRIES = 20
 
+#: A one-statement claim: (connection, request, name key, ticket, token) -> grant or None.
+ClaimStatement = Callable[[BaseDatabaseWrapper, AcquireRequest, str, int, str], GrantRecord | None]
+
 
 class LeaseClaims(LeaseStore):
     """Claiming a slot for a caller whose place in the queue is ``ticket``."""
@@ -46,26 +51,26 @@ class LeaseClaims(LeaseStore):
     def _claim(self, request: AcquireRequest, key: str, ticket: int) -> GrantRecord | None:
         """Try once to take a slot; clean up by token if the outcome is unknown."""
         token = secrets.token_hex(16)
+        at_once = self._claim_at_once(request)
         try:
             for _ in range(CLAIM_RETRIES):
                 sent = time.monotonic()  # the lease cannot start before the claim is sent
                 try:
-                    if request.limit == 1:
+                    if at_once is not None:
                         grant = self._run(
-                            lambda db: self._claim_lock(db, request, key, ticket, token),
-                            retry=False,
+                            lambda db: at_once(db, request, key, ticket, token), retry=False
                         )
-                        # A miss means "busy" once the rows are known to be a lock's;
-                        # the shape is re-checked now and then, in case it changed.
-                        confirmed = self._lock_shaped.get(key, -SHAPE_RECHECK)
+                        # A miss means "busy" once the rows are known to have the
+                        # request's limit; the shape is re-checked now and then, in case
+                        # it changed.
+                        confirmed = self._shaped.get((key, request.limit), -SHAPE_RECHECK)
                         if grant is not None or time.monotonic() - confirmed < SHAPE_RECHECK:
                             return grant and replace(grant, requested_at=sent)
                     grant = self._run(
                         lambda db: self._claim_slot(db, request, key, ticket, token),
                         retry=False,
                     )
-                    if request.limit == 1:
-                        self._lock_shaped[key] = time.monotonic()
+                    self._shaped[key, request.limit] = time.monotonic()
                     return grant and replace(grant, requested_at=sent)
                 except Contention:
                     time.sleep(secrets.randbelow(2000) / 1_000_000)
@@ -78,6 +83,14 @@ class LeaseClaims(LeaseStore):
         except BaseException:
             self._discard_token(token)
             raise
+
+    def _claim_at_once(self, request: AcquireRequest) -> ClaimStatement | None:
+        """The one-statement claim for the request's rows, once they exist with its
+        limit: a lock's everywhere, a semaphore slot's where the store can lock the
+        name's rows and update one of them in one statement (PostgreSQL)."""
+        if request.limit == 1:
+            return self._claim_lock
+        return self._claim_free_slot if self.dialect.slot_in_one_statement else None
 
     def _discard_token(self, token: str) -> None:
         try:
@@ -136,6 +149,45 @@ class LeaseClaims(LeaseStore):
                 return None
             estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
             return GrantRecord(token, 0, int(cursor.lastrowid), estimate)
+
+    def _claim_free_slot(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        token: str,
+    ) -> GrantRecord | None:
+        """``_claim_slot`` in one statement, for rows that exist with the request's limit:
+        lock the name's slots, take the lowest free one if more are free than live
+        waiters are ahead, with a fence one more than the name's largest."""
+        d = self.dialect
+        ident = request.identity
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"WITH locked AS (SELECT slot, fence, "
+                f"(token IS NULL OR expires_at <= {d.now}) "
+                f"AND (cooldown_until IS NULL OR cooldown_until <= {d.now}) AS free "
+                f"FROM {SLOTS} WHERE name_key = %s AND slot_limit = %s{d.for_update}), "
+                f"chosen AS (SELECT min(slot) AS slot, count(*) AS free FROM locked WHERE free), "
+                f"ahead AS (SELECT count(*) AS waiting FROM {WAITERS} WHERE name_key = %s "
+                f"AND expires_at > {d.now} AND id < %s) "
+                f"UPDATE {SLOTS} SET token = %s, "
+                f"fence = (SELECT max(fence) FROM locked) + 1, acquired_at = {d.now}, "
+                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, release_by = NULL, "
+                f"host = %s, pid = %s, thread = %s, label = %s FROM chosen, ahead "
+                f"WHERE {SLOTS}.name_key = %s AND {SLOTS}.slot = chosen.slot "
+                f"AND chosen.free > ahead.waiting "
+                f"RETURNING {SLOTS}.slot, {SLOTS}.fence, {SLOTS}.expires_at",
+                (
+                    *(key, request.limit, key, ticket, token, d.seconds_param(request.ttl)),
+                    *(ident.host, ident.pid, ident.thread, ident.label, key),
+                ),
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        return GrantRecord(token, int(row[0]), int(row[1]), as_datetime(row[2]))
 
     def _claim_slot(
         self,

@@ -59,8 +59,9 @@ class LeaseStore(LockBackend):
         self.using: str = self.options.get("using", "default")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
         self._listeners = DedicatedConnections(self.using)
-        # name_key -> when (monotonic) its rows were last confirmed to be a lock's
-        self._lock_shaped: dict[str, float] = {}
+        # (name_key, limit) -> when (monotonic) its rows were last confirmed to exist
+        # with that limit
+        self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)

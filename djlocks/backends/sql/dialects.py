@@ -36,3 +36,6 @@ class LeaseDialect:
     notifying: Callable[[str, bool, bool], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
+    #: One ``UPDATE`` can lock a name's slot rows (a CTE ``FOR UPDATE``) and claim
+    #: one of them (``lease.claims._claim_free_slot``); else a transaction does.
+    slot_in_one_statement: bool = False

@@ -47,6 +47,7 @@ LEASE = LeaseDialect(
     begin="BEGIN",
     seconds_param=float,
     notifying=lease_notifying,
+    slot_in_one_statement=True,
 )
 
 
