@@ -133,6 +133,8 @@ def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
             return lock.acquire, lock.release
         semaphore = Semaphore(name, limit=limit, backend=alias, timeout=600)
         return semaphore.acquire, semaphore.release
+    if contender == TWO_UPSERTS:
+        return two_upserts()
     if contender == SLOTS.get(connection.vendor):
         return slot_poller(name, limit)
     if contender == FENCED.get(connection.vendor):
@@ -187,6 +189,25 @@ def fenced_raw(name: str) -> Handle:
         cursor.execute(bump)
 
     return acquire, lambda: cursor.execute(give, (key,))
+
+
+#: A floor for the lease backend (not a lock): what two durable single-row writes cost.
+TWO_UPSERTS = "floor: two single-row autocommit upserts"
+
+
+def two_upserts() -> Handle:
+    """Two autocommit upserts of one row, the least a lease's acquire (one write) and
+    release (another) can cost when both must survive a crash."""
+    cursor = own_cursor()
+    cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
+    if connection.vendor == "mysql":
+        upsert = "INSERT INTO bench_fence VALUES (2, 1) ON DUPLICATE KEY UPDATE value = value + 1"
+    else:
+        upsert = (
+            "INSERT INTO bench_fence VALUES (2, 1) "
+            "ON CONFLICT (id) DO UPDATE SET value = bench_fence.value + 1"
+        )
+    return lambda: cursor.execute(upsert), lambda: cursor.execute(upsert)
 
 
 def db_mutex(name: str) -> Handle:

@@ -24,6 +24,7 @@ from bench import targets
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql", "mysql")
+SERVERS = ("postgresql", "mysql")
 WORKLOADS = ("uncontended", "database_locks", "runlocked_startup", "dashboard_scale")
 RAW = ("raw GET_LOCK / RELEASE_LOCK", "raw pg_advisory_lock / unlock")
 
@@ -79,6 +80,7 @@ def render(report: dict[str, Any]) -> str:
                 f"| {run['database']} | {run['floor_us']} µs | {row['contender']} | "
                 f"{row['median_us']} µs | {row['p99_us']} µs | {row['x_rtt']} |"
             )
+    lines += render_statements(report["statements"])
     lines += render_contended(report["database_locks"])
     lines += render_runlocked(report["runlocked_startup"])
     lines += [
@@ -142,6 +144,26 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
                 f"| {run['database']} | {row['contender']} | {row['ops_per_s']} | "
                 f"{row['share_of_ideal']:.0%} | {row['lone_ceiling']:.0%} | "
                 f"{row['max_concurrent']} | {row['wait_ms_p99']} / {row['wait_ms_max']} ms |"
+            )
+    return lines
+
+
+def render_statements(runs: list[dict[str, Any]]) -> list[str]:
+    """Round trips per uncontended acquire + release, in the caller and the background."""
+    lines = section(
+        "Round trips per operation",
+        "One uncontended acquire + release, alone: the driver's exchanges with the server "
+        "(a `BEGIN` or `COMMIT` counts) in the calling thread, and in djlocks' background "
+        "writers (history, holder records: one batch serves many operations), per "
+        "operation (`bench/statements.py`).",
+        "| database | backend | kind | history | caller | background |",
+        "|---|---|---|---|---:|---:|",
+    )
+    for run in runs:
+        for row in run["results"]:
+            lines.append(
+                f"| {run['database']} | {row['backend']} | {row['kind']} | "
+                f"{'on' if row['history'] else 'off'} | {row['caller']} | {row['background']} |"
             )
     return lines
 
@@ -216,6 +238,8 @@ def main() -> None:
     }
     for workload in WORKLOADS:
         report[workload] = [measure(workload, database, quick) for database in DATABASES]
+    # Round trips per operation: on the servers (SQLite is a file, with none to count).
+    report["statements"] = [measure("statements", database, quick) for database in SERVERS]
     # Redis's own figures; the database only keeps the history of the "history on" runs.
     report["redis_locks"] = measure("redis_locks", "postgresql", quick)
     docs = ROOT / "docs"

@@ -2,7 +2,8 @@
 
 Each contender (``bench/database_locks.py``: every djlocks backend configured
 for the database, the lease backend with history on and off, the server's raw
-primitive and the peers) runs acquire+release pairs on one name; the rounds
+primitive and the peers, and on the servers two autocommit upserts, the lease's
+floor) runs acquire+release pairs on one name; the rounds
 are interleaved so that drift on a noisy machine hits every contender alike.
 The floor, ``SELECT 1`` on a connection of the same driver, is measured in
 this process before and after.
@@ -31,7 +32,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.database_locks import contenders, context, locking  # noqa: E402
+from bench.database_locks import TWO_UPSERTS, contenders, context, locking  # noqa: E402
 from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
 from djlocks.percentiles import percentile  # noqa: E402
 
@@ -53,7 +54,8 @@ def floor_seconds(samples: int) -> float:
 
 def run(pairs: int, rounds: int) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
-    handles = {label: locking(label) for label in contenders()}
+    floors = [TWO_UPSERTS] if connection.vendor in ("postgresql", "mysql") else []
+    handles = {label: locking(label) for label in [*contenders(), *floors]}
     floor_before = floor_seconds(200)
     times: dict[str, list[float]] = {label: [] for label in handles}
     for label, (acquire, release) in handles.items():  # warm-up: connections, first use
