@@ -23,8 +23,12 @@ Semaphore gates and slots are not followed (a gate's holder has no holder row).
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -100,24 +104,75 @@ def _cycle_through(
 def watched(check: Callable[[], bool], kill: Callable[[], None]) -> Iterator[threading.Event]:
     """Around a wait in the server: after ``CHECK_AFTER`` seconds, if ``check()`` says
     this wait is a deadlock's victim, ``kill()`` its session. Yields the event that is
-    set when it was; the wait then fails, and the caller raises ``LockDeadlock``."""
-    victim = threading.Event()
-    done = threading.Event()
+    set when it was; the wait then fails, and the caller raises ``LockDeadlock``.
 
-    def watch() -> None:
-        if done.wait(CHECK_AFTER):
-            return
-        try:
-            if check() and not done.is_set():
-                victim.set()
-                kill()
-        except Exception:  # the check is best effort: the wait goes on, as without it
-            return
-
-    watcher = threading.Thread(target=watch, name="djlocks-deadlock-watch", daemon=True)
-    watcher.start()
+    The checks of every wait of the process run on one thread (``_Watcher``), so a
+    wait that ends within ``CHECK_AFTER`` costs no thread of its own."""
+    watch = _Watch(check, kill)
+    _watcher.add(watch)
     try:
-        yield victim
+        yield watch.victim
     finally:
-        done.set()
-        watcher.join()
+        watch.end()
+
+
+class _Watch:
+    """One wait's deadlock check; ``end()`` returns once no check of it runs or will."""
+
+    def __init__(self, check: Callable[[], bool], kill: Callable[[], None]) -> None:
+        self.due = time.monotonic() + CHECK_AFTER
+        self.victim = threading.Event()
+        self._check, self._kill = check, kill
+        self._guard = threading.Lock()  # held while the check runs
+        self._ended = False
+
+    def run(self) -> None:
+        with self._guard:
+            if self._ended:
+                return
+            try:
+                if self._check():
+                    self.victim.set()
+                    self._kill()
+            except Exception:  # the check is best effort: the wait goes on, as without it
+                return
+
+    def end(self) -> None:
+        with self._guard:
+            self._ended = True
+
+
+class _Watcher:
+    """The process's thread that runs each wait's check when it falls due."""
+
+    def __init__(self) -> None:
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._changed = threading.Condition()
+        self._due: list[tuple[float, int, _Watch]] = []
+        self._count = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: _Watch) -> None:
+        with self._changed:
+            heapq.heappush(self._due, (watch.due, next(self._count), watch))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="djlocks-deadlock-watch", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    wait = None if not self._due else self._due[0][0] - time.monotonic()
+                    self._changed.wait(wait)
+                _, _, watch = heapq.heappop(self._due)
+            watch.run()
+
+
+_watcher = _Watcher()

@@ -98,8 +98,7 @@ class SessionClaims(SessionStore):
         with the grant, whose row the background writer adds; else a new one, issued
         and recorded with one durable write."""
         if self.fences_in_grant:
-            if (request.name, request.limit) not in self._registered:
-                self._register(session, request)  # once: the server's view can name it
+            self._register(session, request)  # the server's view can name the holder
             grant = (request, slot, token, fence, session.connection_id, timezone.now())
             holder_records.submit(self.using, self.vendor, SESSION_TABLES, grant)
             return fence
@@ -109,8 +108,11 @@ class SessionClaims(SessionStore):
             )
 
     def _register(self, session: Session, request: AcquireRequest) -> None:
-        """Record the name (before waiting, and before its first grant in this process),
-        so its waiters and holders can be shown by name from the server's own view."""
+        """Record the name, so its waiters and holders can be shown by name from the
+        server's own view: once per name and limit in this process, before its first
+        wait or grant (a durable write)."""
+        if (request.name, request.limit) in self._registered:
+            return
         with session.cursor() as cursor:
             register_name(cursor, self.vendor, SESSION_TABLES, request)
         self._registered.add((request.name, request.limit))
@@ -123,12 +125,10 @@ class SessionClaims(SessionStore):
         identity = describe(request)
         if request.limit == 1:
             key = self.key(request.name)
-            fence = self._take(session, key, 0, identity)
-            if fence is not None:
-                return 0, fence
             if seconds_left(deadline) == 0:
-                return None
-            self._register(session, request)
+                fence = self._take(session, key, 0, identity)
+                return None if fence is None else (0, fence)
+            self._register(session, request)  # a free lock is granted at once all the same
             return self._wait_watched(session, request, key, deadline, identity)
         slot, _, fence = self._try_slots(session, request, identity)
         if slot is not None and fence is not None:
