@@ -9,6 +9,8 @@ so that a claim can be tried again.
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager, suppress
 from datetime import UTC, datetime
@@ -30,8 +32,11 @@ from djlocks.forksafe import ForkSafeLock
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
 CONTENTION_MESSAGES = ("deadlock", "database is locked", "could not serialize", "lock wait timeout")
+DEADLOCK_MESSAGES = ("deadlock", "could not serialize")
 
 T = TypeVar("T")
+#: Times an idempotent operation that met contention is tried again (see ``_run``).
+CONTENTION_RETRIES = 20
 
 
 class Contention(BackendUnavailable):
@@ -41,6 +46,13 @@ class Contention(BackendUnavailable):
 def is_contention(exc: DatabaseError) -> bool:
     text = str(exc).lower()
     return isinstance(exc, IntegrityError) or any(m in text for m in CONTENTION_MESSAGES)
+
+
+def is_deadlock(exc: DatabaseError) -> bool:
+    """A deadlock's victim or a serialization failure: the server ended the statement at
+    once, so trying again costs no wait (unlike a lock wait or busy time-out)."""
+    text = str(exc).lower()
+    return any(m in text for m in DEADLOCK_MESSAGES)
 
 
 def as_datetime(value: object) -> datetime | None:
@@ -94,21 +106,28 @@ class LeaseStore(LockBackend):
     def _run(self, operation: Callable[[BaseDatabaseWrapper], T], *, retry: bool = True) -> T:
         """Run ``operation`` on this thread's dedicated connection.
 
-        A lost connection is replaced and the operation tried once more when
-        ``retry`` (every operation here is idempotent by token); contention
-        raises ``Contention``; other database errors become ``BackendUnavailable``.
+        When ``retry`` (every such operation here is idempotent by token), a lost
+        connection is replaced and the operation tried once more, and a deadlock's
+        victim is tried again after a moment, up to ``CONTENTION_RETRIES`` times.
+        Contention then raises ``Contention``, other database errors
+        ``BackendUnavailable``.
         """
-        attempts = 2 if retry else 1
-        for attempt in range(attempts):
+        reconnects, contended = (1, CONTENTION_RETRIES) if retry else (0, 0)
+        while True:
             try:
                 wrapper = self._connections.get()
                 with wrapper.wrap_database_errors:
                     return operation(wrapper)
             except DatabaseError as exc:
+                if contended and is_deadlock(exc):
+                    contended -= 1
+                    time.sleep(secrets.randbelow(2000) / 1_000_000)
+                    continue
                 if is_contention(exc):
                     raise Contention(str(exc)) from exc
                 self._connections.discard()
-                if attempt + 1 < attempts:
+                if reconnects:
+                    reconnects -= 1
                     continue
                 hint = (
                     " Have the djlocks migrations been applied (manage.py migrate djlocks)?"
@@ -119,7 +138,6 @@ class LeaseStore(LockBackend):
                     f"djlocks backend {self.alias!r} could not use database "
                     f"{self.using!r}: {exc}.{hint}"
                 ) from exc
-        raise AssertionError("unreachable")
 
     @staticmethod
     def _execute(db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
