@@ -123,7 +123,10 @@ def _until_each_was_granted(
         if outcome[0] == "granted" and outcome[3] > since:
             waiting.discard(outcome[1])
     while waiting:
-        assert time.monotonic() < deadline, f"{len(waiting)} worker(s) never came back"
+        assert time.monotonic() < deadline, (
+            f"{len(waiting)} worker(s) never came back; their last reports: "
+            f"{[o for o in outcomes if o[1] in waiting][-5:]}"
+        )
         outcome = report.get(timeout=RECOVERY)
         outcomes.append(outcome)
         if outcome[0] == "granted" and outcome[3] > since:

@@ -195,7 +195,7 @@ def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> 
     set, through a database crash: report each grant as ("granted", pid, fence,
     monotonic time granted, monotonic time released), each failure as ("failed", pid,
     the exception's class name, monotonic time), then ("done", pid)."""
-    from django.db import DatabaseError, transaction
+    from django.db import DatabaseError, close_old_connections, transaction
 
     from djlocks import Lock, Semaphore
     from djlocks.exceptions import BackendUnavailable, LockLost
@@ -218,5 +218,9 @@ def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> 
             report.put(("granted", os.getpid(), grant.fence, granted, released))
         except (BackendUnavailable, LockLost, DatabaseError) as exc:
             report.put(("failed", os.getpid(), type(exc).__name__, time.monotonic()))
+            # What Django does between requests (and Celery between tasks): a connection
+            # that failed is closed, so the next query opens a new one. The row backend
+            # locks on this connection; the others use their own, reopened by djlocks.
+            close_old_connections()
             time.sleep(0.1)
     report.put(("done", os.getpid()))
