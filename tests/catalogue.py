@@ -288,8 +288,8 @@ def render(runs: Iterable[dict[str, object]]) -> str:
         "- row, SQLite: the row backend there is SQLite's one write lock, tested for "
         f"{_slugs(ROW_ON_SQLITE)} only; its fence is written in the holder's transaction, "
         "so a killed holder's fence is issued again (`holder-killed`)",
-        f"- lease, SQLite: {_slugs(NETWORK_ITEMS)} are about replies lost on the network; "
-        "SQLite is a file",
+        f"- lease, SQLite: {_slugs(NETWORK_ITEMS)} are about a database server (replies lost "
+        "on the network, a server's crash); SQLite is a file",
         "- lease, SQLite and MariaDB: `lost-wake-up`, their waiters poll; only PostgreSQL's "
         "are notified",
         "",
