@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -217,7 +218,9 @@ class PrivatePostgreSQL:
     def __init__(self, databases: tuple[str, ...] = ()) -> None:
         import pwd
 
-        (self._bin,) = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1:]
+        (self._bin,) = sorted(
+            Path("/usr/lib/postgresql").glob("*/bin"), key=lambda path: int(path.parent.name)
+        )[-1:]
         account = pwd.getpwnam("postgres")
         self._ids = (account.pw_uid, account.pw_gid)
         self.port = free_port()
@@ -268,18 +271,27 @@ class PrivatePostgreSQL:
         ).stdout  # fmt: skip
 
     def crash(self) -> None:
-        """SIGKILL every server process, postmaster last: no shutdown checkpoint, no WAL
-        flush, as in a power cut of the server alone (the OS keeps what it was given)."""
+        """SIGKILL every server process: no shutdown checkpoint, no WAL flush, as in a
+        crash of the server alone (the OS keeps what it was given). The postmaster is
+        stopped first, so it forks nothing while its children are killed (each is in a
+        process group of its own), then killed; the lock file stays, as after a crash."""
         assert self._process is not None
-        children = subprocess.run(
-            ["pgrep", "-P", str(self._process.pid)], capture_output=True, text=True
-        ).stdout.split()
+        os.kill(self._process.pid, signal.SIGSTOP)
+        children = [
+            int(pid)
+            for pid in subprocess.run(
+                ["pgrep", "-P", str(self._process.pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), 9)
+                os.kill(pid, signal.SIGKILL)
         self._process.kill()
         self._process.wait(10)
-        (self._data / "postmaster.pid").unlink(missing_ok=True)
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in children):
+            assert time.monotonic() < deadline, "a server process outlived SIGKILL"
+            time.sleep(0.02)
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
@@ -295,6 +307,14 @@ class PrivatePostgreSQL:
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is alive (a zombie, dead but not yet reaped, is not)."""
+    try:
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:3]
+    except OSError:
+        return False
 
 
 def _accepts(port: int) -> bool:

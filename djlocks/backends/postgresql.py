@@ -170,16 +170,17 @@ class AdvisoryLockBackend(SessionBackend):
 
     def _waits(self, session: Session) -> list[Wait]:
         rows = session.fetchall(
-            f"SELECT l.pid, a.application_name, a.query_start, {LOCK_KEY}, h.pid "
-            f"FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            f"SELECT l.pid, a.application_name, a.query_start, {LOCK_KEY}, h.pid, "
+            f"ha.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             f"JOIN pg_locks h ON h.locktype = 'advisory' AND h.granted "
             f"AND h.database IS NOT DISTINCT FROM l.database AND h.classid = l.classid "
             f"AND h.objid = l.objid AND h.objsubid = l.objsubid "
+            f"LEFT JOIN pg_stat_activity ha ON ha.pid = h.pid "
             f"WHERE {ADVISORY_WAITING}"
         )
         return [
-            Wait(int(pid), owner_described(who), since, int(key), int(holder))
-            for pid, who, since, key, holder in rows
+            Wait(int(pid), owner_described(who), since, int(key), int(holder), owner_described(by))
+            for pid, who, since, key, holder, by in rows
         ]
 
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:

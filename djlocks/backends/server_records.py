@@ -173,7 +173,9 @@ class HolderRecords:
                 key, _, name, limit = record.row[:4]
                 if key not in names or names[key][3] < record.fence:
                     names[key] = (key, name, limit, record.fence)
-            rows, fences = [record.row for record in newest.values()], list(names.values())
+            # In key order, so two processes' batches lock the rows in the same order.
+            rows = [newest[slot].row for slot in sorted(newest, key=str)]
+            fences = [names[key] for key in sorted(names, key=str)]
             connections = self._dedicated(using)
             for attempt in (1, 2):  # a connection the server closed while idle: once more
                 try:

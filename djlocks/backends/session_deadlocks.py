@@ -9,7 +9,9 @@ owners (host, pid, thread) itself:
 
 * a waiting session's owner is in its wait's description (``describe``): the
   query comment on MySQL, ``application_name`` on PostgreSQL;
-* a holding session's owner is in djlocks' holder row for its connection.
+* a holding session's owner is in its own description on PostgreSQL (the
+  ``application_name`` its grant set), else in djlocks' holder row for its
+  connection.
 
 A wait that has lasted ``CHECK_AFTER`` seconds (PostgreSQL's own
 ``deadlock_timeout`` is 1 s) is checked once, from another session, while it
@@ -56,6 +58,9 @@ class Wait:
     since: datetime  # when the wait began, by the server's clock
     key: int | str  # the server's key
     holder: int  # the connection id holding the key
+    #: Whose the holding session is, where the server shows it (PostgreSQL's
+    #: ``application_name``, set in the granting statement); else djlocks' holder rows say.
+    holder_owner: Owner | None = None
 
 
 #: The owner of each (holding connection id, key), from djlocks' holder rows.

@@ -34,6 +34,10 @@ NOTIFIED_POLL = 0.025
 QUEUE_POLL_STEP = 0.005
 
 
+#: Places in the queue remembered for removal while the store cannot be reached.
+ABANDONED_KEPT = 100
+
+
 class LeaseQueue(LeaseClaims):
     """Waiting in line for a slot."""
 
@@ -86,17 +90,27 @@ class LeaseQueue(LeaseClaims):
         """Give up the place ``ticket``; if the store cannot be reached (the error that
         ended the wait, most often), remember it, so that this process's next wait
         gives it up first instead of queueing behind it until it expires (WAITER_TTL)."""
-        try:
-            self._run(lambda db: self._dequeue(db, ticket))
-        except BackendUnavailable:
-            with self._abandoned_guard:
-                self._abandoned.append(ticket)
+        self._leave_places([ticket])
 
     def _leave_abandoned_places(self) -> None:
         with self._abandoned_guard:
             tickets, self._abandoned = self._abandoned, []
-        for ticket in tickets:
-            self._leave_queue(ticket)
+        if tickets:
+            self._leave_places(tickets)
+
+    def _leave_places(self, tickets: list[int]) -> None:
+        """Delete the places ``tickets`` in one statement, or remember them (at most
+        ``ABANDONED_KEPT``: older ones have expired by the time the store is back)."""
+        marks = ", ".join(["%s"] * len(tickets))
+        try:
+            self._run(
+                lambda db: self._execute(
+                    db, f"DELETE FROM {WAITERS} WHERE id IN ({marks})", tickets
+                )
+            )
+        except BackendUnavailable:
+            with self._abandoned_guard:
+                self._abandoned = [*self._abandoned, *tickets][-ABANDONED_KEPT:]
 
     def _listen(self) -> bool:
         """Start hearing releases (PostgreSQL); False where the store cannot notify."""
@@ -180,6 +194,3 @@ class LeaseQueue(LeaseClaims):
             f"UPDATE {WAITERS} SET expires_at = {self.dialect.plus_seconds} WHERE id = %s",
             (self.dialect.seconds_param(waiter_ttl), ticket),
         )
-
-    def _dequeue(self, db: BaseDatabaseWrapper, ticket: int) -> None:
-        self._execute(db, f"DELETE FROM {WAITERS} WHERE id = %s", (ticket,))

@@ -180,7 +180,7 @@ class SessionClaims(SessionStore):
         """
         with self._side_session() as side:
             waits = self._waits(side)
-            holders = sorted({wait.holder for wait in waits})
+            holders = sorted({wait.holder for wait in waits if wait.holder_owner is None})
             rows = (
                 side.fetchall(
                     f"SELECT connection_id, name, slot_limit, slot, host, pid, thread "
@@ -191,7 +191,9 @@ class SessionClaims(SessionStore):
                 if holders
                 else []
             )
-        owners: Holders = {}
+        owners: Holders = {
+            (wait.holder, wait.key): wait.holder_owner for wait in waits if wait.holder_owner
+        }
         for holder, name, limit, slot, host, pid, thread in rows:
             owner = owner_of(host, pid, thread)
             if owner is not None:

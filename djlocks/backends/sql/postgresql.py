@@ -179,11 +179,17 @@ def record_holders(
 
 #: The signed bigint key of an advisory lock row of ``pg_locks`` (alias ``l``).
 LOCK_KEY = "((l.classid::bigint << 32) | l.objid::bigint)"
-#: ``pg_locks`` rows (alias ``l``) of granted single-key advisory locks (the
-#: PostgreSQL manual, "pg_locks": ``objsubid`` 1 is a bigint key).
-ADVISORY_HELD = "l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-#: ``pg_locks`` rows (alias ``l``) of sessions waiting for a single-key advisory lock.
-ADVISORY_WAITING = "l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1"
+#: ``pg_locks`` rows (alias ``l``) of advisory locks of this database: an advisory lock
+#: belongs to one database, ``pg_locks`` shows the whole server's.
+THIS_DATABASE = "l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+#: ``pg_locks`` rows (alias ``l``) of granted single-key advisory locks of this database
+#: (the PostgreSQL manual, "pg_locks": ``objsubid`` 1 is a bigint key).
+ADVISORY_HELD = f"l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND {THIS_DATABASE}"
+#: ``pg_locks`` rows (alias ``l``) of this database's sessions waiting for a single-key
+#: advisory lock.
+ADVISORY_WAITING = (
+    f"l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 AND {THIS_DATABASE}"
+)
 #: SQLSTATEs: lock_not_available (a lock_timeout ran out), deadlock_detected,
 #: query_canceled (``pg_cancel_backend`` or the driver's cancel).
 LOCK_NOT_AVAILABLE, DEADLOCK_DETECTED, QUERY_CANCELED = "55P03", "40P01", "57014"
