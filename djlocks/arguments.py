@@ -6,6 +6,7 @@ through these functions, so each kind of nonsense gets the same clear error.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from datetime import timedelta
@@ -81,6 +82,7 @@ def validate_text(text: str, what: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=256)  # called per grant on a few thread names and one command line
 def storable(text: str, max_length: int) -> str:
     """``text`` made storable and cut to ``max_length`` characters, for text that
     djlocks itself gathers (the command line as a default label, a thread's name).

@@ -62,10 +62,13 @@ djlocks holders.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
 GATE = "gate"
+#: Keys kept for names used again (each lock and release of a name needs its key).
+KEYS_CACHED = 4096
 #: GET_LOCK's limit on a lock name, in characters.
 MYSQL_KEY_LENGTH = 64
 _MYSQL_READABLE = "djlocks:"
@@ -106,11 +109,13 @@ def _suffix(slot: int | str | None) -> str:
     return "" if slot is None else "/" + _slot_text(slot)
 
 
+@functools.lru_cache(maxsize=KEYS_CACHED)
 def table_key(name: str) -> str:
     """The 64-hex-digit SHA-256 (``str``) that rows of ``name`` are stored under."""
     return _sha256(name)
 
 
+@functools.lru_cache(maxsize=KEYS_CACHED)
 def mysql_key(name: str, slot: int | str | None = None) -> str:
     """The ``GET_LOCK`` name (``str``, at most 64 characters, no capitals) of a lock
     (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""
@@ -121,6 +126,7 @@ def mysql_key(name: str, slot: int | str | None = None) -> str:
     return body + _suffix(slot)
 
 
+@functools.lru_cache(maxsize=KEYS_CACHED)
 def advisory_key(name: str, slot: int | str | None = None) -> int:
     """The ``pg_advisory_lock(bigint)`` key (a signed 64-bit ``int``) of a lock
     (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""

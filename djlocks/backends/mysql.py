@@ -82,7 +82,7 @@ class GetLockBackend(SessionBackend):
 
     def _prepare(self, session: Session) -> None:
         idle_limit = max(60, math.ceil(float(djlocks_settings()["TTL"])))
-        session.execute("SET SESSION wait_timeout = %s", (idle_limit,))
+        session.run("SET SESSION wait_timeout = %s", (idle_limit,))
 
     def _connection_id(self, session: Session) -> int:
         with session.cursor() as cursor:

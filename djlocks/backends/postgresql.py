@@ -83,20 +83,16 @@ class AdvisoryLockBackend(SessionBackend):
         identity: str,
         fenced: bool = True,
     ) -> int | None:
-        if seconds == 0:
-            granting = "SELECT CASE WHEN pg_try_advisory_lock(%s) THEN 0 END AS granted"
-            params: tuple[object, ...] = (key,)
-        else:
-            granting = (
-                "SELECT set_config('application_name', %s, false) AS named, "
-                "set_config('lock_timeout', %s, false) AS timeout, "
-                "pg_advisory_lock(%s) AS locked, 0 AS granted"
-            )
+        params: tuple[object, ...] = (key,)
+        if seconds != 0:
             params = (postgresql.application_name(identity), postgresql.lock_timeout(seconds), key)
+        if fenced:
+            params += (identity.removeprefix("djlocks"),)
         try:
-            if not fenced:
-                return 0 if session.execute(granting, params)[-1] is not None else None
-            return self._attempt(session, granting, params, ("granted",), identity)[1]
+            granted = session.execute(postgresql.taking(seconds != 0, fenced), params)[-1]
+            if granted is None:
+                return None
+            return postgresql.issued_fence(granted) if fenced else 0
         except DatabaseError as exc:
             state = postgresql.sqlstate(exc)
             if state == postgresql.LOCK_NOT_AVAILABLE:

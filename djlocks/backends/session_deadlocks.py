@@ -106,17 +106,18 @@ def _cycle_through(
 
 
 @contextmanager
-def watched(check: Callable[[], bool], kill: Callable[[], None]) -> Iterator[threading.Event]:
+def watched(check: Callable[[], bool], kill: Callable[[], None]) -> Iterator[_Watch]:
     """Around a wait in the server: after ``CHECK_AFTER`` seconds, if ``check()`` says
-    this wait is a deadlock's victim, ``kill()`` its session. Yields the event that is
-    set when it was; the wait then fails, and the caller raises ``LockDeadlock``.
+    this wait is a deadlock's victim, ``kill()`` its session. Yields the wait's watch,
+    whose ``victim`` is then true; the wait then fails, and the caller raises
+    ``LockDeadlock``.
 
     The checks of every wait of the process run on one thread (``_Watcher``), so a
     wait that ends within ``CHECK_AFTER`` costs no thread of its own."""
     watch = _Watch(check, kill)
     _watcher.add(watch)
     try:
-        yield watch.victim
+        yield watch
     finally:
         watch.end()
 
@@ -126,25 +127,25 @@ class _Watch:
 
     def __init__(self, check: Callable[[], bool], kill: Callable[[], None]) -> None:
         self.due = time.monotonic() + CHECK_AFTER
-        self.victim = threading.Event()
+        self.victim = False  # set before the kill
         self._check, self._kill = check, kill
         self._guard = threading.Lock()  # held while the check runs
-        self._ended = False
+        self.ended = False
 
     def run(self) -> None:
         with self._guard:
-            if self._ended:
+            if self.ended:
                 return
             try:
                 if self._check():
-                    self.victim.set()
+                    self.victim = True
                     self._kill()
             except Exception:  # the check is best effort: the wait goes on, as without it
                 return
 
     def end(self) -> None:
         with self._guard:
-            self._ended = True
+            self.ended = True
 
 
 class _Watcher:
@@ -168,14 +169,18 @@ class _Watcher:
                     target=self._run, name="djlocks-deadlock-watch", daemon=True
                 )
                 self._thread.start()
-            self._changed.notify()
+            if self._due[0][2] is watch:  # due before every other: the thread must re-plan
+                self._changed.notify()
 
     def _run(self) -> None:
         while True:
             with self._changed:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    wait = None if not self._due else self._due[0][0] - time.monotonic()
-                    self._changed.wait(wait)
+                while True:
+                    while self._due and self._due[0][2].ended:  # most waits end in time
+                        heapq.heappop(self._due)
+                    if self._due and self._due[0][0] <= time.monotonic():
+                        break
+                    self._changed.wait(self._due[0][0] - time.monotonic() if self._due else None)
                 _, _, watch = heapq.heappop(self._due)
             watch.run()
 

@@ -156,14 +156,14 @@ class SessionClaims(SessionStore):
         with watched(
             lambda: self._is_deadlock_victim(session.connection_id),
             lambda: self._kill_aside(session),
-        ) as victim:
+        ) as watch:
             try:
                 fence = self._take(session, key, seconds_left(deadline), identity)
             except DatabaseError:
-                if not victim.is_set():
+                if not watch.victim:
                     raise
                 fence = None
-        if victim.is_set():
+        if watch.victim:
             raise LockDeadlock(
                 f"{request.name!r}: this wait would never end. Its holder waits, directly "
                 f"or through others, for a session lock that this thread holds. This wait "

@@ -17,7 +17,6 @@ import os
 import threading
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,29 +37,48 @@ Key = int | str
 
 @dataclass
 class Session:
-    """One dedicated server session and its id (``CONNECTION_ID()``, ``pg_backend_pid()``)."""
+    """One dedicated server session and its id (``CONNECTION_ID()``, ``pg_backend_pid()``).
+
+    Its statements go through one driver cursor, kept for the session's life: a
+    session runs one statement at a time (its holder's, or ``guard``'s holder's).
+    """
 
     wrapper: BaseDatabaseWrapper
     connection_id: int
     pid: int = field(default_factory=os.getpid)
     guard: threading.Lock = field(default_factory=threading.Lock)
+    _kept: Any = field(default=None, repr=False)
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[Any]:
-        """A driver cursor whose errors arrive as Django's ``DatabaseError`` subclasses."""
-        with self.wrapper.wrap_database_errors, closing(self.wrapper.create_cursor()) as cursor:
-            yield cursor
+        """The driver cursor, whose errors arrive as Django's ``DatabaseError`` subclasses."""
+        with self.wrapper.wrap_database_errors:
+            yield self._driver_cursor()
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> Any:
-        """Run one statement; return its first row (``None`` if it returned none)."""
-        with self.cursor() as cursor:
+        """Run one statement that returns rows; return its first row (``None`` if none)."""
+        cursor = self._driver_cursor()
+        with self.wrapper.wrap_database_errors:
             cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
+            return cursor.fetchone()
+
+    def run(self, sql: str, params: Sequence[object] = ()) -> None:
+        """Run one statement that returns no rows (``SET ...``)."""
+        cursor = self._driver_cursor()
+        with self.wrapper.wrap_database_errors:
+            cursor.execute(sql, params)
 
     def fetchall(self, sql: str, params: Sequence[object] = ()) -> list[Any]:
-        with self.cursor() as cursor:
+        cursor = self._driver_cursor()
+        with self.wrapper.wrap_database_errors:
             cursor.execute(sql, params)
             return list(cursor.fetchall())
+
+    def _driver_cursor(self) -> Any:
+        if self._kept is None:
+            with self.wrapper.wrap_database_errors:
+                self._kept = self.wrapper.create_cursor()
+        return self._kept
 
     def close(self) -> None:
         if self.pid == os.getpid():  # never touch a session inherited through fork()

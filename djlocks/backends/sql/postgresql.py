@@ -152,6 +152,36 @@ def fenced_grant(granting: str, columns: Sequence[str]) -> str:
     )
 
 
+def taking(waits: bool, fenced: bool) -> str:
+    """One statement that takes an advisory lock, waiting (under ``lock_timeout``) or
+    not; its last column is ``NULL`` unless the server granted.
+
+    Parameters: if ``waits``, the waiter's description (``application_name`` while
+    it waits) and the ``lock_timeout``; then the key; if ``fenced``, the text after
+    ``"djlocks"`` in the holder's description. ``fenced``: on a grant the same
+    statement issues the fence and names the holder (as ``fenced_grant`` does, in
+    one flat ``SELECT``, whose columns the server computes in order): the last
+    column is then the holder's ``application_name``, ``djlocks#<fence> ...``.
+    """
+    granted = (
+        f"set_config('application_name', '{HOLDER_PREFIX}' || nextval('{FENCE_SEQUENCE}') "
+        f"|| %s, false)"
+        if fenced
+        else "''"
+    )
+    if not waits:
+        return f"SELECT CASE WHEN pg_try_advisory_lock(%s) THEN {granted} END"
+    return (
+        "SELECT set_config('application_name', %s, false), "
+        f"set_config('lock_timeout', %s, false), pg_advisory_lock(%s), {granted}"
+    )
+
+
+def issued_fence(holder: str) -> int:
+    """The fence in the holder's ``application_name`` that ``taking`` returns."""
+    return int(holder.removeprefix(HOLDER_PREFIX).split(" ", 1)[0])
+
+
 def record_holders(
     cursor: Any,
     tables: RecordTables,
