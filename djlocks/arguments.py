@@ -114,14 +114,14 @@ def _escaped(found: re.Match[str]) -> str:
     return found.group().encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
-def _to_seconds(value: Seconds, what: str) -> float:
+def _to_seconds(value: Seconds, what: str, negative_hint: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | timedelta):
         raise TypeError(f"{what} must be seconds as int, float or timedelta, not {value!r}.")
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if math.isnan(seconds):
         raise ValueError(f"{what} must be a number of seconds, not NaN.")
     if seconds < 0:
-        raise ValueError(f"{what} must not be negative (got {seconds} s); use 0 to try once.")
+        raise ValueError(f"{what} must not be negative (got {seconds} s){negative_hint}.")
     return seconds
 
 
@@ -139,7 +139,7 @@ def normalize_timeout(timeout: Seconds | None) -> float | None:
     """
     if timeout is None:
         return None
-    seconds = _to_seconds(timeout, "timeout")
+    seconds = _to_seconds(timeout, "timeout", "; use 0 to try once")
     return None if seconds > MAX_PERIOD else seconds
 
 
@@ -177,6 +177,23 @@ def normalize_cooldown(cooldown: Seconds) -> float:
             f"cooldown must be at most {MAX_PERIOD:.0f} seconds (365 days; got {seconds}); "
             "release the name by force to end a cool-down early."
         )
+    return seconds
+
+
+def normalize_max_hold(max_hold: Seconds | None) -> float | None:
+    """Return the longest a grant may be held, in seconds: more than 0, at most
+    ``MAX_PERIOD`` (365 days); ``None`` for no bound.
+
+    Raises ``ValueError`` outside that range, ``TypeError`` for a non-number.
+    """
+    if max_hold is None:
+        return None
+    hint = "; leave max_hold out (None) for no bound"
+    seconds = _to_seconds(max_hold, "max_hold", hint)
+    if seconds == 0:
+        raise ValueError(f"max_hold must be more than 0 seconds{hint}.")
+    if seconds > MAX_PERIOD:
+        raise ValueError(f"max_hold must be at most {MAX_PERIOD:.0f} seconds (365 days){hint}.")
     return seconds
 
 

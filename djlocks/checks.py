@@ -2,8 +2,8 @@
 store through its own ``LockBackend.check``.
 
 Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003
-a bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, W006 an unknown key. The
-backends': E004 leases in an in-memory
+a bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, E011 a bad ``MAX_HOLD``, W006
+an unknown key. The backends': E004 leases in an in-memory
 SQLite database, W007 SQLite without WAL or ``IMMEDIATE`` transactions (lease);
 E005 an unknown database alias, E006 a database the backend cannot use (every
 database backend); E007 GET_LOCK under Galera, W001 statement-based binary
@@ -25,6 +25,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from djlocks.arguments import normalize_max_hold
 from djlocks.backends import import_hint
 from djlocks.conf import BACKGROUND, DEFAULTS, SYNCHRONOUS, djlocks_settings
 
@@ -34,8 +35,8 @@ BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid;
-    E010 EVENTS_WRITER unknown; W006 a key djlocks does not know (a misspelling is
-    otherwise silently ignored)."""
+    E010 EVENTS_WRITER unknown; E011 MAX_HOLD invalid; W006 a key djlocks does not
+    know (a misspelling is otherwise silently ignored)."""
     configured = djlocks_settings()
     messages = _unknown_keys("DJLOCKS", configured, DEFAULTS)
     aliases = configured["BACKENDS"]
@@ -78,6 +79,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 f"DJLOCKS['TTL'] must be a finite number of seconds >= 0.3, not {ttl!r}.",
                 hint="The default is 60.",
                 id="djlocks.E003",
+            )
+        )
+    try:
+        normalize_max_hold(configured["MAX_HOLD"])
+    except (TypeError, ValueError) as exc:
+        messages.append(
+            Error(
+                f"DJLOCKS['MAX_HOLD'] is invalid: {exc}",
+                hint="Seconds (more than 0), or None (the default) for no bound.",
+                id="djlocks.E011",
             )
         )
     writer = configured["EVENTS_WRITER"]

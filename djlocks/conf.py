@@ -7,6 +7,9 @@ Keys and defaults (all optional):
     "djlocks.backends.lease.LeaseBackend", "OPTIONS": {"using": "default"}}}``.
 ``TTL``
     Default lease length in seconds (60).
+``MAX_HOLD``
+    The longest, in seconds, that one grant may be held unless its lock says
+    otherwise (``max_hold``); ``None`` (the default): no bound.
 ``POLL_INTERVAL``
     Longest sleep, in seconds, of a waiter that is not at the head of the queue (0.25).
 ``WAITER_TTL``
@@ -52,6 +55,7 @@ SYNCHRONOUS = "synchronous"
 DEFAULTS: dict[str, Any] = {
     "BACKENDS": {"default": DEFAULT_BACKEND},
     "TTL": 60,
+    "MAX_HOLD": None,
     "POLL_INTERVAL": 0.25,
     "WAITER_TTL": 10,
     "EVENTS": True,

@@ -18,6 +18,7 @@ from asgiref.sync import sync_to_async
 from djlocks.arguments import (
     Seconds,
     normalize_cooldown,
+    normalize_max_hold,
     normalize_timeout,
     normalize_ttl,
     validate_label,
@@ -53,6 +54,7 @@ class LockOptions(TypedDict, total=False):
     backend: str
     label: str | None
     renew: bool
+    max_hold: Seconds | None
     on_lost: LostCallback | None
     on_busy: OnBusy
 
@@ -87,6 +89,15 @@ class Lock:
             lone surrogates; default the process's command line (cut to 255
             characters, NUL and bytes that were not UTF-8 shown as escapes).
         renew: ``False`` turns the heartbeat off: the lease then ends at its TTL.
+        max_hold: the longest, in seconds, that one grant may be held (default
+            ``DJLOCKS["MAX_HOLD"]``, ``None``: no bound). Past it the heartbeat
+            stops renewing and takes the grant back as a forced release would,
+            so the next waiter gets it even if the holder hangs while renewing;
+            the holder stops believing it holds it, ``on_lost`` gets the reason
+            ``djlocks.grant.HELD_PAST_MAX_HOLD`` and ``check()`` and ``release()``
+            raise ``LockLost``. With ``renew=False`` no heartbeat takes it back: the
+            holder only stops believing (a lease still ends at its TTL). Needs a backend
+            that can release by force (``ValueError`` at acquire otherwise).
         on_lost: called as ``on_lost(grant, reason)`` when the grant is lost
             (at once where the store pushes a forced release: the lease backend on
             PostgreSQL, Redis; else at the next renewal), and when an operator asks
@@ -118,6 +129,7 @@ class Lock:
         backend: str = "default",
         label: str | None = None,
         renew: bool = True,
+        max_hold: Seconds | None = None,
         on_lost: LostCallback | None = None,
         on_busy: OnBusy = "raise",
     ) -> None:
@@ -130,6 +142,7 @@ class Lock:
         self.backend_alias = backend
         self.label = validate_label(label)
         self.renew = renew
+        self._max_hold = normalize_max_hold(max_hold)
         self.on_lost = on_lost
         if on_busy not in ("raise", "skip"):
             raise ValueError(f"on_busy must be 'raise' or 'skip', not {on_busy!r}.")
@@ -152,6 +165,14 @@ class Lock:
     @property
     def ttl(self) -> float:
         return self._ttl if self._ttl is not None else normalize_ttl(djlocks_settings()["TTL"])
+
+    @property
+    def max_hold(self) -> float | None:
+        """The longest one grant may be held, in seconds (``None``: no bound); the
+        spec's, else ``DJLOCKS["MAX_HOLD"]``."""
+        if self._max_hold is not None:
+            return self._max_hold
+        return normalize_max_hold(djlocks_settings()["MAX_HOLD"])
 
     @property
     def backend(self) -> LockBackend:
@@ -197,6 +218,13 @@ class Lock:
         deadline = None if wait is None else started + wait
         ttl = self.ttl
         backend = self.backend
+        max_hold = self.max_hold
+        if max_hold is not None and not backend.capabilities.forced_release:
+            raise ValueError(
+                f"{self!r}: backend {self.backend_alias!r} cannot take a grant back from "
+                f"its holder (no forced release), so it cannot end one held past max_hold. "
+                f"Leave max_hold out, or use another backend."
+            )
         request = AcquireRequest(
             name=self.name,
             limit=self.limit,
@@ -212,7 +240,7 @@ class Lock:
             if backend.capabilities.history:
                 events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
-        grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost)
+        grant = Grant(self, backend, record, ttl, started, request.identity, self.on_lost, max_hold)
         if time.monotonic() >= grant.believe_until():
             # The reply took so long that the lease may already have run out (honest
             # belief, docs/guarantees.md): the caller must not believe it; give it back.

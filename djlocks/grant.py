@@ -12,6 +12,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
 from django.utils import timezone
 
 from djlocks.backends.base import GrantRecord, LockBackend
@@ -43,6 +44,9 @@ RELEASE_REQUESTED = "release requested by an operator"
 #: revocation push) may still be writing it, and once release has said "lost", the
 #: history says so too.
 LOSS_RECORD_WAIT = 5.0
+#: The reason ``on_lost`` and ``lock_lost`` are given, and ``LockLost`` says, when a
+#: grant was held past its ``max_hold``: the heartbeat then takes it back.
+HELD_PAST_MAX_HOLD = "held for longer than its max_hold"
 
 
 class Grant:
@@ -65,6 +69,7 @@ class Grant:
         acquire_started: float,
         identity: Identity,
         on_lost: Callable[[Grant, str], None] | None,
+        max_hold: float | None = None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -86,7 +91,10 @@ class Grant:
         # A lease counts from when its request was sent (a long wait in the queue
         # before it does not shorten it); a session's or transaction's grant from now.
         believe_from = time.monotonic() if record.requested_at is None else record.requested_at
-        self._believe_until = believe_from + ttl * (1 - BELIEF_MARGIN)
+        #: The ``time.monotonic()`` moment past which the grant is not held (``max_hold``
+        #: seconds from the grant), or ``None``.
+        self.hold_until = None if max_hold is None else time.monotonic() + max_hold
+        self._believe_until = self._within_max_hold(believe_from + ttl * (1 - BELIEF_MARGIN))
         self._lost_reason: str | None = None
         self._loss_recorded = threading.Event()  # set once a loss is in the history
         self._released = False
@@ -193,15 +201,29 @@ class Grant:
         except LockLost as exc:
             self.mark_lost(str(exc), by_release=True)
             self._loss_recorded.wait(LOSS_RECORD_WAIT)
-            raise
+            if lost_earlier is None:
+                raise
+            raise self._lost_before(lost_earlier, exc) from exc
         finally:
             if self.scope is not None:
-                self.scope.__exit__(*exc_info)
+                try:
+                    self.scope.__exit__(*exc_info)
+                except LockLost as exc:
+                    if lost_earlier is None:
+                        raise
+                    raise self._lost_before(lost_earlier, exc) from exc
         if lost_earlier is not None:
             self._loss_recorded.wait(LOSS_RECORD_WAIT)
             raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
         release_log.debug("released %s fence %s", self.name, self.fence)
         events.grant_ended(self, Kind.RELEASED)
+
+    def _lost_before(self, lost_earlier: str, exc: LockLost) -> LockLost:
+        """What release raises when the store says the grant had ended after a loss was
+        seen before the release (``lost_earlier``): that loss first, then ``exc``."""
+        return LockLost(
+            f"The grant of {self.name!r} was lost before release: {lost_earlier}. {exc}"
+        )
 
     def renewed(
         self, renewal_started: float, expires_at: datetime | None, lasts: float | None = None
@@ -214,8 +236,35 @@ class Grant:
         """
         length = self.ttl if lasts is None else min(self.ttl, lasts)
         with self._guard:
-            self._believe_until = renewal_started + length * (1 - BELIEF_MARGIN)
+            self._believe_until = self._within_max_hold(
+                renewal_started + length * (1 - BELIEF_MARGIN)
+            )
             self.expires_at = expires_at
+
+    def _within_max_hold(self, moment: float) -> float:
+        return moment if self.hold_until is None else min(moment, self.hold_until)
+
+    def held_past_max_hold(self) -> bool:
+        """Whether the grant has been held for its ``max_hold`` (by the monotonic clock)."""
+        return self.hold_until is not None and time.monotonic() >= self.hold_until
+
+    def take_back(self) -> None:
+        """End the grant at its store as a forced release does, so that the next waiter
+        gets it (the heartbeat does this once the grant is held past ``max_hold``; the
+        calling thread's Django connections are closed afterwards). Never raises: a
+        store that cannot be reached ends a lease at its TTL all the same, and a
+        session lock with its session."""
+        try:
+            self.backend.force_release(self.name, self.token)
+        except Exception:
+            lost_log.warning(
+                "could not take back %s (fence %s), held past its max_hold",
+                self.name,
+                self.fence,
+                exc_info=True,
+            )
+        finally:
+            connections.close_all()  # this thread's own, if the backend opened one
 
     def believe_until(self) -> float:
         """The ``time.monotonic()`` moment the holder stops believing it holds the grant,
@@ -247,6 +296,8 @@ class Grant:
 
     def ran_out_reason(self) -> str:
         """Why the grant is lost once the holder's belief ran out without a renewal."""
+        if self.held_past_max_hold():
+            return HELD_PAST_MAX_HOLD
         if self._release_requested:
             return "the wait an operator gave for its release ran out"
         return "its lease ran out without a successful renewal"

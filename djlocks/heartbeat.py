@@ -1,7 +1,8 @@
 """One background thread per process renews every held grant.
 
 Each grant is renewed every third of its TTL: a lease is extended, a session
-lock is checked with the server (see ``LockBackend.renew``). A renewal that the store
+lock is checked with the server (see ``LockBackend.renew``). A grant held past
+its ``max_hold`` is renewed no more and taken back at its store. A renewal that the store
 refuses marks the grant lost at once; a store that cannot be reached is tried
 again until the holder's belief runs out (never past the TTL), and then the
 grant is lost.
@@ -76,7 +77,7 @@ class Heartbeat:
         with self._wake:
             if unwatch is not None:
                 self._unwatch[grant] = unwatch
-            self._schedule(grant, time.monotonic() + grant.ttl / 3)
+            self._schedule(grant, min(time.monotonic() + grant.ttl / 3, grant.believe_until()))
             self._ensure_thread()
 
     def _watch(self, grant: Grant) -> Callable[[], None] | None:
@@ -161,6 +162,8 @@ class Heartbeat:
         started = time.monotonic()
         if started >= grant.believe_until():
             grant.mark_lost(grant.ran_out_reason())
+            if grant.held_past_max_hold():
+                grant.take_back()
             return None
         try:
             expires_at = grant.backend.renew(grant.name, grant.token, grant.ttl)

@@ -72,6 +72,7 @@ class RunLockedPlan:
     limit: int = 1
     timeout: float | None = None
     ttl: float | None = None
+    max_hold: float | None = None
     cooldown: float = 0.0
     backend: str = "default"
     label: str | None = None
@@ -104,6 +105,7 @@ class RunLockedPlan:
         options: dict[str, Any] = {
             "timeout": self.timeout,
             "ttl": self.ttl,
+            "max_hold": self.max_hold,
             "cooldown": self.cooldown,
             "backend": self.backend,
             "label": label,

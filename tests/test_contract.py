@@ -29,7 +29,7 @@ from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore
 from djlocks.backends import backends
 from djlocks.backends.base import Capabilities
 from djlocks.backends.waiting import Abort
-from djlocks.grant import Grant
+from djlocks.grant import HELD_PAST_MAX_HOLD, Grant
 from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
 from tests.processes import manage, wait_for_file
@@ -238,6 +238,67 @@ def test_a_forced_release_ends_the_grant_and_its_holder_learns_it(backend: str) 
         with pytest.raises(LockLost):
             lock.release()
     assert backends[backend].holders("contract:forced") == []
+
+
+def test_a_grant_held_past_max_hold_is_lost_and_the_next_waiter_gets_it(backend: str) -> None:
+    """A holder that hangs while its heartbeat renews: past ``max_hold`` it stops
+    believing, hears ``HELD_PAST_MAX_HOLD`` and ``LockLost``, and the store frees the
+    slot at once (long before the 30 s TTL would)."""
+    if not can(backend).forced_release:
+        with pytest.raises(ValueError, match="max_hold"):
+            Lock("contract:max-hold", backend=backend, max_hold=0.5).acquire(timeout=0)
+        return
+    reasons: list[str] = []
+    hung = Lock(
+        "contract:max-hold",
+        backend=backend,
+        ttl=30,
+        max_hold=0.5,
+        on_lost=lambda grant, reason: reasons.append(reason),
+    )
+    granted: queue.Queue[Grant] = queue.Queue()
+    released: queue.Queue[str] = queue.Queue()
+    done = threading.Event()
+
+    def hang() -> None:  # in a thread of its own: a row lock lives in its transaction
+        try:
+            grant = hung.acquire_grant(timeout=5)
+            assert grant is not None
+            granted.put(grant)
+            done.wait(60)
+            try:
+                grant.release()
+            except LockLost as exc:
+                released.put(str(exc))
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hang)
+    holder.start()
+    try:
+        grant = granted.get(timeout=30)
+        began = time.monotonic()
+        with Lock("contract:max-hold", backend=backend, timeout=10) as successor:
+            waited = time.monotonic() - began
+            assert successor.fence > grant.fence
+        assert 0.3 < waited < 5
+        assert not grant.believed
+    finally:
+        done.set()
+        holder.join(30)
+    assert HELD_PAST_MAX_HOLD in released.get(timeout=1)
+    assert reasons == [HELD_PAST_MAX_HOLD]
+    assert grant.token not in {
+        held.token for held in backends[backend].holders("contract:max-hold")
+    }
+
+
+def test_max_hold_is_checked_as_it_is_given() -> None:
+    for wrong in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="max_hold"):
+            Lock("contract:max-hold", max_hold=wrong)
+    with pytest.raises(TypeError, match="max_hold"):
+        Lock("contract:max-hold", max_hold="5")  # type: ignore[arg-type]
 
 
 @shared

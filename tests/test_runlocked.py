@@ -178,3 +178,23 @@ def test_runlocked_limit_3_with_8_processes_reaches_3_never_more() -> None:
     result = run_stress(plan, timeout=240)
     assert result.ok, result
     assert result.max_concurrent == 3
+
+
+def test_a_command_held_past_max_hold_is_stopped_and_the_name_freed(tmp_path: Path) -> None:
+    """``--max-hold``: the command is stopped as for a lost lock, and the next holder
+    gets the name at once, not at the end of the 30 s lease."""
+    started = tmp_path / "started"
+    began = time.monotonic()
+    wrapper = runlocked(
+        "test:max-hold", "--ttl", "30", "--max-hold", "1", "--kill-after", "1",
+        "--", "sh", "-c", f"echo running > {started}; exec sleep 300",
+    )  # fmt: skip
+    wait_for_file(started)
+    assert wrapper.wait(20) == EXIT_LOST
+    assert time.monotonic() - began < 15
+    with Lock("test:max-hold", timeout=5):
+        pass
+
+
+def test_max_hold_that_is_not_a_length_of_time_is_a_usage_error() -> None:
+    assert finished(runlocked("test:max-hold", "--max-hold", "0", "--", "true")) == 2

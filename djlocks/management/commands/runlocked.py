@@ -53,6 +53,14 @@ class Command(BaseCommand):
         wait.add_argument("-n", "--nonblock", action="store_true", help="Try once; do not wait.")
         parser.add_argument("--ttl", type=float, default=None, help="Lease length in seconds.")
         parser.add_argument(
+            "--max-hold",
+            type=float,
+            default=None,
+            help="Seconds the command may hold the lock, at most (default: "
+            "DJLOCKS['MAX_HOLD'], else no bound); past it the command is stopped as "
+            "for a lost lock.",
+        )
+        parser.add_argument(
             "--cooldown",
             type=float,
             default=0.0,
@@ -111,6 +119,7 @@ class Command(BaseCommand):
                 limit=options["limit"],
                 timeout=0.0 if options["nonblock"] else options["timeout"],
                 ttl=options["ttl"],
+                max_hold=options["max_hold"],
                 cooldown=options["cooldown"],
                 backend=options["backend"],
                 label=options["label"],
