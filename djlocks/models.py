@@ -66,6 +66,16 @@ class LeaseWaiter(models.Model):
     label = models.CharField(max_length=255, blank=True, default="")
     since = models.DateTimeField()
     expires_at = models.DateTimeField()
+    token = models.CharField(
+        max_length=32,
+        null=True,
+        blank=True,
+        help_text="The grant token a release hands the slot over with (where the store "
+        "hands over: PostgreSQL).",
+    )
+    ttl = models.FloatField(
+        null=True, blank=True, help_text="The lease length (seconds) the waiter asked for."
+    )
 
     class Meta:
         db_table = "djlocks_lease_waiter"

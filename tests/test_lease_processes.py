@@ -11,13 +11,17 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from queue import Empty
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from djlocks import Lock, Semaphore, db_lock
+from djlocks.backends import backends
 from djlocks.stress import StressPlan, run_stress
+from tests.processes import finished, runlocked
 from tests.workers import CONTEXT, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
@@ -107,3 +111,37 @@ def test_a_grant_after_a_long_wait_gets_its_full_lease(backend: str) -> None:
         time.sleep(1.2)  # renewed meanwhile
         grant.check()
     timer.join()
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: only PostgreSQL's lease store hands a slot over in the release",
+)
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_release_hands_the_slot_to_the_head_of_the_queue(limit: int, tmp_path: Path) -> None:
+    """The waiter is stopped (SIGSTOP) when the slot is released: the release alone makes
+    it the holder, with the next fence and its own identity, and takes it off the queue;
+    woken, it runs its command without claiming anything."""
+    name, store = "lease:heir", backends["default"]
+    taken = [Semaphore(name, limit=limit, timeout=0) for _ in range(limit)]
+    grants = [spec.acquire_grant() for spec in taken]
+    started = tmp_path / "started"
+    heir = runlocked(name, "--limit", str(limit), "--", "sh", "-c", f"echo ran > {started}")
+    try:
+        deadline = time.monotonic() + 30
+        while not store.waiters(name):
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.05)
+        os.kill(heir.pid, signal.SIGSTOP)
+        top = max(grant.fence for grant in grants if grant is not None)
+        taken[0].release()
+        holders = {holder.pid: holder for holder in store.holders(name)}
+        assert holders[heir.pid].fence == top + 1
+        assert holders[heir.pid].slot == grants[0].slot  # type: ignore[union-attr]
+        assert store.waiters(name) == []
+    finally:
+        os.kill(heir.pid, signal.SIGCONT)
+    assert finished(heir) == 0
+    assert started.read_text().strip() == "ran"
+    for spec in taken[1:]:
+        spec.release()

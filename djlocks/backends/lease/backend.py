@@ -26,7 +26,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import SLOTS, as_datetime, earlier
+from djlocks.backends.lease.store import SLOTS, WAITERS, as_datetime, earlier
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
@@ -109,18 +109,21 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     # -- release, renew, check ---------------------------------------------
 
     def release(self, name: str, token: str, cooldown: float) -> None:
+        """Free the slot (or hold it back for ``cooldown`` seconds); without a cool-down,
+        where the store hands over (``LeaseDialect.handing_over``), give it to the head
+        of the queue in the same statement."""
         d = self.dialect
-        sql = (
-            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
-            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
-        )
-        released = self._run(
-            lambda db: self._execute(
-                db,
-                self._notifying(sql, waiters=True, holders=False),
-                (d.seconds_param(cooldown), token),
+        params: list[object]
+        if not cooldown and d.handing_over is not None:
+            sql, params = d.handing_over(SLOTS, WAITERS), [token, token]
+        else:
+            update = (
+                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+                f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
             )
-        )
+            sql = self._notifying(update, waiters=True, holders=False)
+            params = [d.seconds_param(cooldown), token]
+        released = self._run(lambda db: self._execute(db, sql, params))
         if released == 1:
             release_log.debug("released %s", name)
             return

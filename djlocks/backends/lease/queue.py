@@ -7,11 +7,19 @@ newcomer cannot barge in. The row expires unless its waiter refreshes it
 waiters that a free slot could serve poll, with back-off; the others poll
 more slowly the further back they are. On PostgreSQL a release ``NOTIFY``s
 the waiters (``LISTEN``), and polling is only the fallback for a lost wake-up.
+
+Where the store hands over (``LeaseDialect.handing_over``: PostgreSQL), a
+release without a cool-down gives the freed slot to the head of the queue in
+its own statement, under the token the waiter queued with, and the woken
+waiter only reads its grant: a hand-off costs the waiter one round trip and no
+commit. A waiter that leaves the queue without taking a slot it was handed
+gives it to the next in line.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from contextlib import closing
 
@@ -20,7 +28,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
-from djlocks.backends.lease.store import WAITERS
+from djlocks.backends.lease.store import SLOTS, WAITERS, as_datetime
 from djlocks.backends.sql import postgresql
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
@@ -51,20 +59,29 @@ class LeaseQueue(LeaseClaims):
         waiter_ttl = float(djlocks_settings()["WAITER_TTL"])
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
         self._leave_abandoned_places()
-        ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl))
+        heir_token = secrets.token_hex(16)  # what a release hands the slot over with
+        ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token))
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         listening = self._listen()
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = POLL_MIN
+        handed = False
         try:
             while True:
-                ahead = self._run(lambda db: self._waiting_ahead(db, key, ticket))
+                ahead, grant = self._run(
+                    lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
+                )
+                if grant is not None:
+                    handed = True
+                    return grant
                 if ahead < request.limit:
                     grant = self._claim(request, key, ticket)
                     if grant is not None:
                         return grant
                     pause = NOTIFIED_POLL if listening else head_poll
                     head_poll = min(head_poll * 1.5, POLL_MAX)
+                elif listening and self.dialect.handing_over is not None:
+                    pause = slow_poll  # a release hands the slot over, and wakes this waiter
                 else:
                     # The next in line polls as often as the head, so it notices at
                     # once when it moves up; everyone further back polls less often.
@@ -79,18 +96,33 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                if self._pause(pause, key, abort, listening):
+                if self._pause(pause, (key, f"{key} {ticket}"), abort, listening):
                     return None
         finally:
             if listening:
                 self._unlisten()
-            self._leave_queue(ticket)
+            if not self._leave_queue(ticket) and not handed:
+                self._pass_on(heir_token)
 
-    def _leave_queue(self, ticket: int) -> None:
-        """Give up the place ``ticket``; if the store cannot be reached (the error that
-        ended the wait, most often), remember it, so that this process's next wait
-        gives it up first instead of queueing behind it until it expires (WAITER_TTL)."""
-        self._leave_places([ticket])
+    def _leave_queue(self, ticket: int) -> bool:
+        """Give up the place ``ticket``; True if it was still queued (so nothing was
+        handed over to it). If the store cannot be reached (the error that ended the
+        wait, most often), remember it, so that this process's next wait gives it up
+        first instead of queueing behind it until it expires (WAITER_TTL)."""
+        return self._leave_places([ticket]) != 0
+
+    def _pass_on(self, heir_token: str) -> None:
+        """Release the slot a release may have handed over with ``heir_token`` while
+        this waiter left without it, so that the next in line gets it at once."""
+        handing_over = self.dialect.handing_over
+        if handing_over is None:
+            return
+        try:
+            self._run(
+                lambda db: self._execute(db, handing_over(SLOTS, WAITERS), (heir_token, heir_token))
+            )
+        except BackendUnavailable as exc:
+            acquire_log.warning("could not pass on a slot handed over (%s); its TTL ends it", exc)
 
     def _leave_abandoned_places(self) -> None:
         with self._abandoned_guard:
@@ -98,12 +130,13 @@ class LeaseQueue(LeaseClaims):
         if tickets:
             self._leave_places(tickets)
 
-    def _leave_places(self, tickets: list[int]) -> None:
-        """Delete the places ``tickets`` in one statement, or remember them (at most
-        ``ABANDONED_KEPT``: older ones have expired by the time the store is back)."""
+    def _leave_places(self, tickets: list[int]) -> int | None:
+        """Delete the places ``tickets`` in one statement and return how many were
+        still there, or remember them (at most ``ABANDONED_KEPT``: older ones have
+        expired by the time the store is back) and return ``None``."""
         marks = ", ".join(["%s"] * len(tickets))
         try:
-            self._run(
+            return self._run(
                 lambda db: self._execute(
                     db, f"DELETE FROM {WAITERS} WHERE id IN ({marks})", tickets
                 )
@@ -111,6 +144,7 @@ class LeaseQueue(LeaseClaims):
         except BackendUnavailable:
             with self._abandoned_guard:
                 self._abandoned = [*self._abandoned, *tickets][-ABANDONED_KEPT:]
+            return None
 
     def _listen(self) -> bool:
         """Start hearing releases (PostgreSQL); False where the store cannot notify."""
@@ -138,8 +172,12 @@ class LeaseQueue(LeaseClaims):
         with listener.wrap_database_errors, closing(listener.create_cursor()) as cursor:
             cursor.execute(statement, ())
 
-    def _pause(self, seconds: float, key: str, abort: Abort | None, listening: bool) -> bool:
-        """Sleep up to ``seconds``, less if a release of ``key`` is notified; True if aborted."""
+    def _pause(
+        self, seconds: float, wakes: tuple[str, ...], abort: Abort | None, listening: bool
+    ) -> bool:
+        """Sleep up to ``seconds``, less if a release is notified with one of the
+        payloads ``wakes`` (a slot of the name freed, or handed to this waiter); True if
+        aborted."""
         if listening:
             end = time.monotonic() + seconds
             try:
@@ -147,7 +185,7 @@ class LeaseQueue(LeaseClaims):
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
                     # A notification is only a hint: the caller re-checks the store.
                     heard = list(connection.notifies(timeout=min(left, 0.05), stop_after=1))
-                    if any(note.payload == key for note in heard):
+                    if any(note.payload in wakes for note in heard):
                         break
             except Exception:
                 acquire_log.warning("listening for releases failed", exc_info=True)
@@ -159,14 +197,21 @@ class LeaseQueue(LeaseClaims):
         return False
 
     def _enqueue(
-        self, db: BaseDatabaseWrapper, request: AcquireRequest, key: str, waiter_ttl: float
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        waiter_ttl: float,
+        heir_token: str,
     ) -> int:
-        """Add the caller's waiter row; its ``id``, the ticket."""
+        """Add the caller's waiter row, with the token and TTL a release hands a slot
+        over with; its ``id``, the ticket."""
         d = self.dialect
         ident = request.identity
         sql = (
-            f"INSERT INTO {WAITERS} (name_key, name, host, pid, thread, label, since, expires_at) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds})"
+            f"INSERT INTO {WAITERS} (name_key, name, host, pid, thread, label, since, "
+            f"expires_at, token, ttl) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds}, %s, %s)"
         )
         params = (
             key,
@@ -176,6 +221,8 @@ class LeaseQueue(LeaseClaims):
             ident.thread,
             ident.label,
             d.seconds_param(waiter_ttl),
+            heir_token,
+            request.ttl,
         )
         with closing(db.create_cursor()) as cursor:
             if d.returning:
@@ -184,9 +231,38 @@ class LeaseQueue(LeaseClaims):
             cursor.execute(sql, params)
             return int(cursor.lastrowid)
 
-    def _waiting_ahead(self, db: BaseDatabaseWrapper, key: str, ticket: int) -> int:
+    def _waiting_ahead(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        ticket: int,
+        heir_token: str,
+    ) -> tuple[int, GrantRecord | None]:
+        """How many live waiters are ahead of ``ticket``, and the grant a release handed
+        over with ``heir_token``, if any."""
         with closing(db.create_cursor()) as cursor:
-            return self._count_ahead(cursor, key, ticket)
+            if self.dialect.handing_over is None:
+                return self._count_ahead(cursor, key, ticket), None
+            now = self.dialect.now
+            sent = time.monotonic()
+            cursor.execute(
+                f"SELECT (SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
+                f"AND expires_at > {now} AND id < %s), s.slot, s.fence, s.expires_at, "
+                f"EXTRACT(EPOCH FROM s.expires_at - {now}) "
+                f"FROM (SELECT 1) AS one LEFT JOIN {SLOTS} s "
+                f"ON s.token = %s AND s.expires_at > {now}",
+                (key, ticket, heir_token),
+            )
+            ahead, slot, fence, expires_at, left = cursor.fetchone()
+        if slot is None:
+            return int(ahead), None
+        # The lease began when it was handed over, ``ttl - left`` seconds ago by the
+        # store's clock: the holder's belief counts from that long before ``sent``.
+        began = sent - max(0.0, request.ttl - float(left))
+        return 0, GrantRecord(
+            heir_token, int(slot), int(fence), as_datetime(expires_at), None, began
+        )
 
     def _refresh_waiter(self, db: BaseDatabaseWrapper, ticket: int, waiter_ttl: float) -> None:
         self._execute(

@@ -38,6 +38,43 @@ def lease_notifying(update: str, waiters: bool, holders: bool) -> str:
     )
 
 
+def lease_handing_over(slots: str, waiters: str) -> str:
+    """A lease release (one parameter: the released token) that hands the slot to the
+    head of the name's queue in the same statement, and wakes the waiters (``NOTIFY``).
+
+    The name's slot rows are locked first, in slot order (as claims lock them), so
+    the heir's fence is one more than the name's largest and two hand-overs never
+    share one. The heir is the live waiter with the smallest ticket; its row leaves
+    the queue, and its token, TTL and identity become the slot's. A head queued
+    without a token (an older djlocks) is handed nothing: it claims the freed slot.
+    The notice's payload is the name's key and the heir's ticket (``"<key> <ticket>"``),
+    so that only the heir wakes; the key alone when nobody was handed the slot.
+    Returns one row per released slot: whether it was handed over.
+    """
+    now = "statement_timestamp()"
+    return (
+        f"WITH freed AS (SELECT name_key FROM {slots} WHERE token = %s AND expires_at > {now}), "
+        f"locked AS (SELECT s.fence FROM {slots} s JOIN freed USING (name_key) "
+        f"ORDER BY s.slot FOR UPDATE OF s), "
+        f"top AS (SELECT max(fence) AS fence FROM locked), "
+        f"heir AS (DELETE FROM {waiters} WHERE token IS NOT NULL AND id = ("
+        f"SELECT w.id FROM {waiters} w JOIN freed USING (name_key) WHERE w.expires_at > {now} "
+        f"ORDER BY w.id LIMIT 1) RETURNING id, token, ttl, host, pid, thread, label), "
+        f"changed AS (UPDATE {slots} s SET token = heir.token, "
+        f"fence = CASE WHEN heir.token IS NULL THEN s.fence ELSE top.fence + 1 END, "
+        f"acquired_at = CASE WHEN heir.token IS NULL THEN s.acquired_at ELSE {now} END, "
+        f"expires_at = {now} + heir.ttl * interval '1 second', "
+        f"cooldown_until = NULL, release_by = NULL, "
+        f"host = COALESCE(heir.host, s.host), pid = COALESCE(heir.pid, s.pid), "
+        f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
+        f"FROM top LEFT JOIN heir ON true "
+        f"WHERE s.token = %s AND s.expires_at > {now} "
+        f"RETURNING s.name_key, heir.id) "
+        f"SELECT pg_notify('{LEASE_RELEASED}', name_key || COALESCE(' ' || id, '')), "
+        f"id IS NOT NULL FROM changed"
+    )
+
+
 LEASE = LeaseDialect(
     now="statement_timestamp()",
     plus_seconds="statement_timestamp() + %s * interval '1 second'",
@@ -48,6 +85,7 @@ LEASE = LeaseDialect(
     seconds_param=float,
     notifying=lease_notifying,
     slot_in_one_statement=True,
+    handing_over=lease_handing_over,
 )
 
 
