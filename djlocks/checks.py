@@ -1,17 +1,17 @@
 """System checks: the ``DJLOCKS`` setting itself here, each configured backend's
 store through its own ``LockBackend.check``.
 
-Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003
-a bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, E011 a bad ``MAX_HOLD``, W006
-an unknown key. The backends': E004 leases in an in-memory
-SQLite database, W007 SQLite without WAL or ``IMMEDIATE`` transactions (lease);
-E005 an unknown database alias, E006 a database the backend cannot use (every
-database backend); E007 GET_LOCK under Galera, W001 statement-based binary
-logging (GET_LOCK); E009 a pooler that shares server sessions (session
-backends); W002 row locks on SQLite, W003 ``innodb_rollback_on_timeout`` (row);
-E008 a cache that is not django-redis, W004 an eviction policy that may drop
-leases, W005 a Redis that cannot be reached (Redis). Each id has a section in
-the troubleshooting page of the docs.
+Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003 a
+bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, E011 a bad ``MAX_HOLD``, E012 a
+``METRICS_GROUP`` that is not a function, W006 an unknown key. The backends': E004
+leases in an in-memory SQLite database, W007 SQLite without WAL or ``IMMEDIATE``
+transactions (lease); E005 an unknown database alias, E006 a database the backend
+cannot use (every database backend); E007 GET_LOCK under Galera, W001
+statement-based binary logging (GET_LOCK); E009 a pooler that shares server sessions (session
+backends); W002 row locks on SQLite, W003 ``innodb_rollback_on_timeout`` (row); E008
+a cache that is not django-redis, W004 an eviction policy that may drop leases, W005
+a Redis that cannot be reached (Redis). Each id has a section in the troubleshooting
+page of the docs.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
 @register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid;
-    E010 EVENTS_WRITER unknown; E011 MAX_HOLD invalid; W006 a key djlocks does not
-    know (a misspelling is otherwise silently ignored)."""
+    E010 EVENTS_WRITER unknown; E011 MAX_HOLD invalid; E012 METRICS_GROUP not a
+    function; W006 a key djlocks does not know (a misspelling is otherwise silently ignored)."""
     configured = djlocks_settings()
     messages = _unknown_keys("DJLOCKS", configured, DEFAULTS)
     aliases = configured["BACKENDS"]
@@ -91,6 +91,20 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="djlocks.E011",
             )
         )
+    grouping = configured["METRICS_GROUP"]
+    if grouping is not None:
+        try:
+            if not callable(import_string(grouping)):
+                raise ImportError(f"{grouping!r} is not a function")
+        except ImportError as exc:
+            messages.append(
+                Error(
+                    f"DJLOCKS['METRICS_GROUP'] must be the dotted path of a function that "
+                    f"takes a lock's name and returns its group: {exc}",
+                    hint="Leave it None to group names by the part before their first ':'.",
+                    id="djlocks.E012",
+                )
+            )
     writer = configured["EVENTS_WRITER"]
     if writer not in (BACKGROUND, SYNCHRONOUS):
         messages.append(

@@ -29,6 +29,10 @@ Keys and defaults (all optional):
 ``KEY_PREFIX``
     The first part of every Redis key the Redis backend writes (``"djlocks"``);
     a backend's ``OPTIONS["prefix"]`` overrides it.
+``METRICS_GROUP``
+    The dotted path of a function (``str -> str``) that gives a name's ``group``
+    label in the Prometheus metrics; ``None`` (the default): the part of the name
+    before its first ``:``.
 ``EVENTS_RETENTION``
     Seconds of history ``djlocks sweep`` keeps (604800: seven days).
 """
@@ -63,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS_DATABASE": "default",
     "EVENTS_RETENTION": 7 * 24 * 3600,
     "KEY_PREFIX": "djlocks",
+    "METRICS_GROUP": None,
 }
 
 

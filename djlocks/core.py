@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast, overload
 
 from asgiref.sync import sync_to_async
 
+from djlocks import metrics, tracing
 from djlocks.arguments import (
     Seconds,
     normalize_cooldown,
@@ -214,6 +215,13 @@ class Lock:
         wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
         if not blocking:
             wait = 0.0
+        with tracing.acquiring(self.backend_alias, self.name, self.limit) as traced:
+            grant = self._acquire_grant(wait, abort)
+            traced(grant)
+        return grant
+
+    def _acquire_grant(self, wait: float | None, abort: Abort | None) -> Grant | None:
+        """``acquire_grant`` for a wait of ``wait`` seconds (``None``: forever)."""
         started = time.monotonic()
         deadline = None if wait is None else started + wait
         ttl = self.ttl
@@ -232,11 +240,17 @@ class Lock:
             cooldown=self.cooldown,
             identity=current_identity(self.label),
         )
-        record = backend.acquire(request, deadline, abort)
+        measured = metrics.waiting(self.backend_alias, self.name)
+        try:
+            record = backend.acquire(request, deadline, abort)
+        except BaseException:
+            measured(None, time.monotonic() - started)
+            raise
         if record is None:
             acquire_log.debug("not acquired %s within %s s", self.name, wait)
             cancelled = abort is not None and abort.is_set()
             waited = time.monotonic() - started
+            measured(False, waited)
             if backend.capabilities.history:
                 events.not_acquired(self.backend_alias, request, waited, cancelled=cancelled)
             return None
@@ -249,7 +263,9 @@ class Lock:
             )
             with contextlib.suppress(LockLost, BackendUnavailable):
                 backend.release(self.name, record.token, 0)
+            measured(False, time.monotonic() - started)
             return None
+        measured(True, grant.waited)
         if self.renew:
             heartbeat.add(grant)
         with self._held_guard:

@@ -28,9 +28,8 @@ from django.utils import timezone
 
 from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
-from djlocks.backends.dedicated import DedicatedConnections, relaxed_commits
+from djlocks.backends.dedicated import RecordWriting
 from djlocks.conf import BACKGROUND, djlocks_settings
-from djlocks.forksafe import ForkSafeLock
 from djlocks.kinds import Kind
 from djlocks.percentiles import percentile
 
@@ -49,8 +48,7 @@ class EventLog:
     """Records ``LockEvent`` rows in the ``DJLOCKS["EVENTS_DATABASE"]`` database."""
 
     def __init__(self) -> None:
-        self._connections: dict[str, DedicatedConnections] = {}
-        self._guard = ForkSafeLock()
+        self._connections = RecordWriting()
         self._writer = background.start(self._write, "djlocks-history")
 
     # -- what happened --------------------------------------------------------
@@ -169,7 +167,7 @@ class EventLog:
 
     def _write(self, events: list[LockEvent]) -> None:
         """Insert ``events`` now, as few statements as the database allows; log a failure."""
-        connections = self._dedicated(djlocks_settings()["EVENTS_DATABASE"])
+        connections = self._connections[djlocks_settings()["EVENTS_DATABASE"]]
         try:
             _insert(connections.get(), events)
         except DatabaseError as exc:
@@ -192,12 +190,6 @@ class EventLog:
             LockEvent.objects.using(settings["EVENTS_DATABASE"]).filter(at__lt=cutoff).delete()
         )
         return deleted
-
-    def _dedicated(self, using: str) -> DedicatedConnections:
-        with self._guard:
-            if using not in self._connections:
-                self._connections[using] = DedicatedConnections(using, on_connect=relaxed_commits)
-            return self._connections[using]
 
 
 events = EventLog()

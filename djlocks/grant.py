@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.utils import timezone
 
+from djlocks import metrics
 from djlocks.backends.base import GrantRecord, LockBackend
 from djlocks.events import events
 from djlocks.exceptions import LockLost, NotHeld, ReleaseRequested
@@ -81,7 +82,8 @@ class Grant:
         self.ttl = ttl
         self.identity = identity
         self.acquired_at = timezone.now()
-        self.waited = time.monotonic() - acquire_started  # seconds, for the history
+        self.granted = time.monotonic()
+        self.waited = self.granted - acquire_started  # seconds, for the history
         self._on_lost = on_lost
         #: The transaction the grant lives in, if djlocks opened one (the row backend).
         self.scope: AbstractContextManager[Any] | None = record.scope
@@ -99,6 +101,7 @@ class Grant:
         self._loss_recorded = threading.Event()  # set once a loss is in the history
         self._released = False
         self._release_requested = False
+        self._measured = False  # its end is in the metrics
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -197,6 +200,16 @@ class Grant:
         heartbeat.discard(self)
         lost_earlier = self.begin_release()
         try:
+            self._release_at_store(exc_info, lost_earlier)
+        finally:
+            self._measure_end()
+        release_log.debug("released %s fence %s", self.name, self.fence)
+        events.grant_ended(self, Kind.RELEASED)
+
+    def _release_at_store(self, exc_info: ExcInfo, lost_earlier: str | None) -> None:
+        """Release at the store (and leave the grant's scope); raise ``LockLost`` if it
+        had ended, with the loss seen before the release (``lost_earlier``) first."""
+        try:
             self.backend.release(self.name, self.token, self.spec.cooldown)
         except LockLost as exc:
             self.mark_lost(str(exc), by_release=True)
@@ -215,8 +228,14 @@ class Grant:
         if lost_earlier is not None:
             self._loss_recorded.wait(LOSS_RECORD_WAIT)
             raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
-        release_log.debug("released %s fence %s", self.name, self.fence)
-        events.grant_ended(self, Kind.RELEASED)
+
+    def _measure_end(self) -> None:
+        """Put the grant's end (a release, or a loss) in the metrics, once."""
+        with self._guard:
+            if self._measured:
+                return
+            self._measured = True
+        metrics.grant_ended(self, time.monotonic() - self.granted, self._lost_reason is not None)
 
     def _lost_before(self, lost_earlier: str, exc: LockLost) -> LockLost:
         """What release raises when the store says the grant had ended after a loss was
@@ -313,6 +332,7 @@ class Grant:
                 return
             self._lost_reason = reason
         lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
+        self._measure_end()
         try:
             events.grant_ended(self, Kind.LOST, reason)
         finally:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from djlocks import metrics
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ class Heartbeat:
             return None
         try:
             expires_at = grant.backend.renew(grant.name, grant.token, grant.ttl)
+            metrics.renewed(grant, time.monotonic() - started)
         except ReleaseRequested as request:
             grant.release_requested(started, request)
         except LockLost as exc:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from djlocks import metrics
 from djlocks.backends import backends
 from djlocks.backends.base import CooldownInfo, HolderInfo, LockBackend, WaiterInfo
 from djlocks.events import events
@@ -195,3 +196,5 @@ def _audit(holder: HolderInfo, store: LockBackend, kind: Kind, operator: str, re
     )
     if store.capabilities.history:
         events.holders_ended([holder], kind, operator=operator, reason=reason)
+    if kind == Kind.FORCED_RELEASE:
+        metrics.released_by_force(holder.backend, holder.name, 1)

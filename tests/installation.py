@@ -65,7 +65,9 @@ DATABASES = {{"default": {{
 
 
 VARIANTS = {
-    "base": Variant(None, SQLITE, absent=("redis", "django_redis", "MySQLdb", "psycopg")),
+    "base": Variant(
+        None, SQLITE, absent=("redis", "django_redis", "MySQLdb", "psycopg", "prometheus_client")
+    ),
     "postgresql": Variant(
         "postgresql",
         _server("postgresql", "postgres", 5432)
@@ -75,7 +77,7 @@ VARIANTS = {
 }}
 """,
         lock_backend="session",
-        absent=("redis", "MySQLdb"),
+        absent=("redis", "MySQLdb", "prometheus_client"),
     ),
     "mysql": Variant(
         "mysql",
@@ -86,10 +88,10 @@ VARIANTS = {
 }}
 """,
         lock_backend="session",
-        absent=("redis", "psycopg"),
+        absent=("redis", "psycopg", "prometheus_client"),
     ),
     "redis": Variant(
-        "redis",
+        "redis,prometheus,otel",
         SQLITE
         + """CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -204,7 +206,26 @@ def try_variant(name: str, variant: Variant, wheel: Path) -> None:
         labels = [holder["label"] for holder in listing["holders"] if holder["name"] == HELD]
         assert labels == [LABEL], f"djlocks list --json: {listing}"
         print(f"djlocks list --json: {HELD} held by {labels[0]!r}")
+        metrics(python, site, variant)
         dashboard(python, site, home)
+
+
+def metrics(python: str, site: Path, variant: Variant) -> None:
+    """``djlocks metrics``: the exposition with the extra, a clear refusal without it."""
+    scraped = subprocess.run(
+        [python, "manage.py", "djlocks", "metrics"],
+        cwd=site,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if "prometheus" in (variant.extra or ""):
+        assert scraped.returncode == 0, f"djlocks metrics: {scraped}"
+        assert "# TYPE djlocks_acquisitions_total counter" in scraped.stdout, scraped.stdout
+        print("djlocks metrics: the exposition format, with every djlocks metric")
+    else:
+        assert scraped.returncode == 2 and "djlocks[prometheus]" in scraped.stderr, scraped
+        print(f"djlocks metrics without the extra: {scraped.stderr.strip()}")
 
 
 @contextmanager

@@ -75,6 +75,22 @@ def test_bad_ttl_is_an_error() -> None:
     assert "djlocks.E003" in _ids()
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("max_hold", [0, -5, "an hour"])
+def test_bad_max_hold_is_an_error(max_hold: object) -> None:
+    with override_settings(DJLOCKS={"MAX_HOLD": max_hold}):
+        assert "djlocks.E011" in _ids()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("grouping", ["no.such.module.group", "djlocks.metrics.LABELS"])
+def test_a_metrics_group_that_is_not_a_function_is_an_error(grouping: str) -> None:
+    with override_settings(DJLOCKS={"METRICS_GROUP": grouping}):
+        assert "djlocks.E012" in _ids()
+    with override_settings(DJLOCKS={"METRICS_GROUP": "djlocks.metrics.name_group"}):
+        assert "djlocks.E012" not in _ids()
+
+
 @override_settings(
     DJLOCKS={
         "BACKENDS": {"default": {"BACKEND": LEASE, "OPTIONS": {"using": "default"}}},

@@ -197,3 +197,19 @@ def relaxed_commits(db: BaseDatabaseWrapper) -> None:
     if statement:
         with db.cursor() as cursor:
             cursor.execute(statement)
+
+
+class RecordWriting:
+    """The dedicated connections of a background writer (the history, holder records):
+    one ``DedicatedConnections`` per database alias, made on first use, whose
+    commits need not wait for the log flush (``relaxed_commits``)."""
+
+    def __init__(self) -> None:
+        self._guard = ForkSafeLock()
+        self._by_alias: dict[str, DedicatedConnections] = {}
+
+    def __getitem__(self, using: str) -> DedicatedConnections:
+        with self._guard:
+            if using not in self._by_alias:
+                self._by_alias[using] = DedicatedConnections(using, on_connect=relaxed_commits)
+            return self._by_alias[using]

@@ -29,9 +29,8 @@ from django.db import DatabaseError
 
 from djlocks import background
 from djlocks.backends.base import AcquireRequest
-from djlocks.backends.dedicated import DedicatedConnections, relaxed_commits
+from djlocks.backends.dedicated import RecordWriting
 from djlocks.backends.sql import for_vendor
-from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import table_key
 
 records_log = logging.getLogger("djlocks.records")
@@ -139,8 +138,7 @@ class HolderRecords:
     """
 
     def __init__(self) -> None:
-        self._connections: dict[str, DedicatedConnections] = {}
-        self._guard = ForkSafeLock()
+        self._connections = RecordWriting()
         self._writer: background.BackgroundWriter[HolderRecord] = background.start(
             self._write, "djlocks-holders"
         )
@@ -176,7 +174,7 @@ class HolderRecords:
             # In key order, so two processes' batches lock the rows in the same order.
             rows = [newest[slot].row for slot in sorted(newest, key=str)]
             fences = [names[key] for key in sorted(names, key=str)]
-            connections = self._dedicated(using)
+            connections = self._connections[using]
             for attempt in (1, 2):  # a connection the server closed while idle: once more
                 try:
                     with connections.get().cursor() as cursor:
@@ -191,12 +189,6 @@ class HolderRecords:
                             len(rows),
                             exc,
                         )
-
-    def _dedicated(self, using: str) -> DedicatedConnections:
-        with self._guard:
-            if using not in self._connections:
-                self._connections[using] = DedicatedConnections(using, on_connect=relaxed_commits)
-            return self._connections[using]
 
 
 #: The process's holder records of the backends that write them in the background.

@@ -25,6 +25,7 @@ from djlocks.inspection import (
     snapshot,
 )
 from djlocks.keys import GATE, table_key
+from djlocks.metrics import exposition
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, run_stress
 
@@ -116,6 +117,11 @@ class Command(BaseCommand):
         subcommands.add_parser(
             "sweep", help="Remove expired grants and dead waiters; safe to run from cron."
         )
+        subcommands.add_parser(
+            "metrics",
+            help="The Prometheus metrics in the text format: every process's where "
+            "PROMETHEUS_MULTIPROC_DIR is set, else this command's own (the [prometheus] extra).",
+        )
 
         stress = subcommands.add_parser(
             "stress",
@@ -154,6 +160,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
 
     # -- list and show -------------------------------------------------------
+
+    def metrics(self, **unused: Any) -> None:
+        body, _ = exposition()
+        self.stdout.write(body.decode(), ending="")
 
     def list(self, *, backend: str | None, as_json: bool, **unused: Any) -> None:
         self._print(snapshot(backend=backend), as_json, nothing="No holders and no waiters.")

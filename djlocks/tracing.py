@@ -1,0 +1,59 @@
+"""OpenTelemetry spans around acquires (the ``[otel]`` extra).
+
+With ``opentelemetry-api`` installed, every acquire runs inside a span named
+``djlocks acquire`` from the tracer ``djlocks``, so that the time a request or
+a task spent waiting for a lock shows in its trace, with the database calls
+the wait made as children. Attributes: ``djlocks.name``, ``djlocks.backend``,
+``djlocks.limit``, ``djlocks.granted`` and, for a grant, ``djlocks.fence``,
+``djlocks.slot`` and ``djlocks.waited`` (seconds). An acquire that raises
+records the exception on its span. Until the project configures a tracer
+provider (the OpenTelemetry SDK), the API's tracer does nothing, at almost no
+cost; without the package, nothing is done at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from djlocks.grant import Grant
+
+try:
+    import opentelemetry.trace as trace
+except ImportError:  # the [otel] extra is not installed
+    trace = None  # type: ignore[assignment]
+
+#: Called with the acquire's grant (``None``: not granted) before its span ends.
+Outcome = Callable[["Grant | None"], None]
+
+
+@contextlib.contextmanager
+def acquiring(backend: str, name: str, limit: int) -> Iterator[Outcome]:
+    """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``."""
+    if trace is None:
+        yield _ignore
+        return
+    from djlocks import __version__
+
+    tracer = trace.get_tracer("djlocks", __version__)
+    attributes: dict[str, str | int] = {
+        "djlocks.name": name,
+        "djlocks.backend": backend,
+        "djlocks.limit": limit,
+    }
+    with tracer.start_as_current_span("djlocks acquire", attributes=attributes) as span:
+
+        def outcome(grant: Grant | None) -> None:
+            span.set_attribute("djlocks.granted", grant is not None)
+            if grant is not None:
+                span.set_attribute("djlocks.fence", grant.fence)
+                span.set_attribute("djlocks.slot", grant.slot)
+                span.set_attribute("djlocks.waited", grant.waited)
+
+        yield outcome
+
+
+def _ignore(grant: Grant | None) -> None:
+    return None
