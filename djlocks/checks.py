@@ -94,8 +94,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     grouping = configured["METRICS_GROUP"]
     if grouping is not None:
         try:
-            if not callable(import_string(grouping)):
-                raise ImportError(f"{grouping!r} is not a function")
+            if not isinstance(grouping, str) or not callable(import_string(grouping)):
+                raise ImportError(f"{grouping!r} is not the dotted path of a function")
         except ImportError as exc:
             messages.append(
                 Error(

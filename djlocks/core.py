@@ -98,7 +98,8 @@ class Lock:
             ``djlocks.grant.HELD_PAST_MAX_HOLD`` and ``check()`` and ``release()``
             raise ``LockLost``. With ``renew=False`` no heartbeat takes it back: the
             holder only stops believing (a lease still ends at its TTL). Needs a backend
-            that can release by force (``ValueError`` at acquire otherwise).
+            that can release by force (``ValueError`` at acquire otherwise; the
+            setting does not apply to the others).
         on_lost: called as ``on_lost(grant, reason)`` when the grant is lost
             (at once where the store pushes a forced release: the lease backend on
             PostgreSQL, Redis; else at the next renewal), and when an operator asks
@@ -227,6 +228,8 @@ class Lock:
         ttl = self.ttl
         backend = self.backend
         max_hold = self.max_hold
+        if not backend.capabilities.forced_release and self._max_hold is None:
+            max_hold = None  # DJLOCKS["MAX_HOLD"] is for the backends that can take back
         if max_hold is not None and not backend.capabilities.forced_release:
             raise ValueError(
                 f"{self!r}: backend {self.backend_alias!r} cannot take a grant back from "
@@ -265,7 +268,7 @@ class Lock:
                 backend.release(self.name, record.token, 0)
             measured(False, time.monotonic() - started)
             return None
-        measured(True, grant.waited)
+        grant.measured_as = measured(True, grant.waited)
         if self.renew:
             heartbeat.add(grant)
         with self._held_guard:

@@ -102,6 +102,8 @@ class Grant:
         self._released = False
         self._release_requested = False
         self._measured = False  # its end is in the metrics
+        #: Where the metrics counted the grant (``djlocks.metrics``), if they did.
+        self.measured_as: object = None
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"
@@ -321,16 +323,23 @@ class Grant:
             return "the wait an operator gave for its release ran out"
         return "its lease ran out without a successful renewal"
 
-    def mark_lost(self, reason: str, *, by_release: bool = False) -> None:
+    def mark_lost(self, reason: str, *, by_release: bool = False, take_back: bool = False) -> None:
         """Note that the grant ended without release; tell listeners once.
 
         Once release has begun only the release itself may report a loss, so a
         renewal that races with the release cannot raise a false alarm.
+        ``take_back``: end the grant at its store too (``take_back()``), after the
+        loss is noted (a release from now on reports it) and before anyone is told
+        (whatever a listener does cannot stop it); even if the loss was noted before.
         """
         with self._guard:
-            if self._lost_reason is not None or (self._released and not by_release):
-                return
-            self._lost_reason = reason
+            first = self._lost_reason is None and (by_release or not self._released)
+            if first:
+                self._lost_reason = reason
+        if take_back:
+            self.take_back()
+        if not first:
+            return
         lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
         self._measure_end()
         try:

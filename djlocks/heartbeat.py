@@ -149,7 +149,11 @@ class Heartbeat:
     def _run(self) -> None:
         while (due := self._next_due()) is not None:
             grant, order = due
-            next_due = self._renew(grant)
+            try:
+                next_due = self._renew(grant)
+            except Exception:  # an on_lost callback or lock_lost receiver that raised
+                renew_log.exception("telling the holder of %s of its loss failed", grant.name)
+                next_due = None
             if next_due is None:
                 self._forget(grant)
                 continue
@@ -162,13 +166,10 @@ class Heartbeat:
         """Renew ``grant`` once; return when to renew it next, or ``None`` once it is lost."""
         started = time.monotonic()
         if started >= grant.believe_until():
-            grant.mark_lost(grant.ran_out_reason())
-            if grant.held_past_max_hold():
-                grant.take_back()
+            grant.mark_lost(grant.ran_out_reason(), take_back=grant.held_past_max_hold())
             return None
         try:
             expires_at = grant.backend.renew(grant.name, grant.token, grant.ttl)
-            metrics.renewed(grant, time.monotonic() - started)
         except ReleaseRequested as request:
             grant.release_requested(started, request)
         except LockLost as exc:
@@ -182,6 +183,7 @@ class Heartbeat:
             return min(started + RETRY_AFTER_FAILURE, grant.believe_until())
         else:
             grant.renewed(started, expires_at)
+            metrics.renewed(grant, time.monotonic() - started)
         # A graceful release's wait may end before the next renewal: be there when it does.
         return min(started + grant.ttl / 3, grant.believe_until())
 

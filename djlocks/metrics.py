@@ -16,6 +16,7 @@ figures, and the gauges add the live processes' values.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.module_loading import import_string
 
 from djlocks.conf import djlocks_settings
+
+metrics_log = logging.getLogger("djlocks.metrics")
 
 if TYPE_CHECKING:
     from djlocks.grant import Grant
@@ -51,8 +54,13 @@ def _grouping(path: str | None) -> Callable[[str], str]:
 
 
 def group_of(name: str) -> str:
-    """The ``group`` label of ``name`` (``DJLOCKS["METRICS_GROUP"]``)."""
-    return _grouping(djlocks_settings()["METRICS_GROUP"])(name)
+    """The ``group`` label of ``name`` (``DJLOCKS["METRICS_GROUP"]``); the default
+    grouping's if that function fails (logged: a lock never fails for its metrics)."""
+    try:
+        return str(_grouping(djlocks_settings()["METRICS_GROUP"])(name))
+    except Exception:
+        metrics_log.warning("METRICS_GROUP failed for %r; grouped by default", name, exc_info=True)
+        return name_group(name)
 
 
 class _Metrics:
@@ -129,37 +137,44 @@ def enabled() -> bool:
     return prometheus_client is not None
 
 
-def waiting(alias: str, name: str) -> Callable[[bool | None, float], None]:
-    """An acquire of ``name`` on ``alias`` begins; once it ends, call the result with
-    whether it was granted (``None``: it failed) and how long (seconds) it waited."""
+#: Called once an acquire ends, with whether it was granted (``None``: it failed) and
+#: how long (seconds) it waited; returns the series a grant's end goes to, if granted.
+Ended = Callable[[bool | None, float], object]
+
+
+def waiting(alias: str, name: str) -> Ended:
+    """An acquire of ``name`` on ``alias`` begins; call the result once it ends, and
+    keep what it returns for a grant in ``Grant.measured_as``."""
     if prometheus_client is None:
         return _ignore
     series = _series(alias, name)
     series.waiters.inc()
 
-    def ended(granted: bool | None, waited: float) -> None:
+    def ended(granted: bool | None, waited: float) -> object:
         series.waiters.dec()
         if granted is None:
-            return
+            return None
         series.wait.observe(waited)
-        if granted:
-            series.acquisitions.inc()
-            series.holders.inc()
-        else:
+        if not granted:
             series.timeouts.inc()
+            return None
+        series.acquisitions.inc()
+        series.holders.inc()
+        return series
 
     return ended
 
 
-def _ignore(granted: bool | None, waited: float) -> None:
+def _ignore(granted: bool | None, waited: float) -> object:
     return None
 
 
 def grant_ended(grant: Grant, held: float, lost: bool) -> None:
-    """``grant`` ended after ``held`` seconds: released, or ``lost`` (once per grant)."""
-    if prometheus_client is None:
+    """``grant`` ended after ``held`` seconds: released, or ``lost`` (once per grant).
+    Its end goes to the series its grant was counted in, whatever the grouping now."""
+    series = grant.measured_as
+    if not isinstance(series, _Series):
         return
-    series = _series(grant.spec.backend_alias, grant.name)
     series.holders.dec()
     series.hold.observe(held)
     if lost:

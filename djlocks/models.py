@@ -76,6 +76,9 @@ class LeaseWaiter(models.Model):
     ttl = models.FloatField(
         null=True, blank=True, help_text="The lease length (seconds) the waiter asked for."
     )
+    slot_limit = models.IntegerField(
+        null=True, blank=True, help_text="The number of slots the waiter asked for."
+    )
 
     class Meta:
         db_table = "djlocks_lease_waiter"

@@ -81,6 +81,19 @@ def group_by_tenant(name: str) -> str:
     return name.rsplit("/", 1)[0]
 
 
+def group_by_second_part(name: str) -> str:
+    return name.split(":")[1]  # IndexError for a name without ":"
+
+
+def test_a_grouping_that_fails_never_fails_the_lock() -> None:
+    grouping = "tests.test_metrics.group_by_second_part"
+    with override_settings(DJLOCKS={**settings.DJLOCKS, "METRICS_GROUP": grouping}):
+        before = value(scrape(), "djlocks_acquisitions_total", "plainname")
+        with Lock("plainname", timeout=5):
+            pass
+        assert value(scrape(), "djlocks_acquisitions_total", "plainname") == before + 1
+
+
 def test_the_name_group_can_be_chosen() -> None:
     grouping = "tests.test_metrics.group_by_tenant"
     with override_settings(DJLOCKS={**settings.DJLOCKS, "METRICS_GROUP": grouping}):

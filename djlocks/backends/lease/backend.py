@@ -26,7 +26,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import SLOTS, WAITERS, as_datetime, earlier
+from djlocks.backends.lease.store import SLOTS, as_datetime, earlier
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
@@ -113,17 +113,16 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         where the store hands over (``LeaseDialect.handing_over``), give it to the head
         of the queue in the same statement."""
         d = self.dialect
-        params: list[object]
         if not cooldown and d.handing_over is not None:
-            sql, params = d.handing_over(SLOTS, WAITERS), [token, token]
+            released = self._hand_over(token)
         else:
             update = (
                 f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
                 f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
             )
             sql = self._notifying(update, waiters=True, holders=False)
-            params = [d.seconds_param(cooldown), token]
-        released = self._run(lambda db: self._execute(db, sql, params))
+            params = (d.seconds_param(cooldown), token)
+            released = self._run(lambda db: self._execute(db, sql, params))
         if released == 1:
             release_log.debug("released %s", name)
             return

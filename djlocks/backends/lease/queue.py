@@ -101,26 +101,32 @@ class LeaseQueue(LeaseClaims):
         finally:
             if listening:
                 self._unlisten()
-            if not self._leave_queue(ticket) and not handed:
+            if not handed and not self._leave_queue(ticket):
                 self._pass_on(heir_token)
 
     def _leave_queue(self, ticket: int) -> bool:
         """Give up the place ``ticket``; True if it was still queued (so nothing was
-        handed over to it). If the store cannot be reached (the error that ended the
-        wait, most often), remember it, so that this process's next wait gives it up
-        first instead of queueing behind it until it expires (WAITER_TTL)."""
-        return self._leave_places([ticket]) != 0
+        handed over to it), False if it was not or if that is unknown. If the store
+        cannot be reached (the error that ended the wait, most often), remember it, so
+        that this process's next wait gives it up first instead of queueing behind it
+        until it expires (WAITER_TTL)."""
+        return bool(self._leave_places([ticket]))
+
+    def _hand_over(self, token: str) -> int:
+        """Release the grant ``token`` and hand its slot to the head of the queue, in one
+        statement (``LeaseDialect.handing_over``); how many slots it released."""
+        handing_over = self.dialect.handing_over
+        assert handing_over is not None
+        statement = handing_over(SLOTS, WAITERS)
+        return self._run(lambda db: self._execute(db, statement, {"token": token}))
 
     def _pass_on(self, heir_token: str) -> None:
         """Release the slot a release may have handed over with ``heir_token`` while
         this waiter left without it, so that the next in line gets it at once."""
-        handing_over = self.dialect.handing_over
-        if handing_over is None:
+        if self.dialect.handing_over is None:
             return
         try:
-            self._run(
-                lambda db: self._execute(db, handing_over(SLOTS, WAITERS), (heir_token, heir_token))
-            )
+            self._hand_over(heir_token)
         except BackendUnavailable as exc:
             acquire_log.warning("could not pass on a slot handed over (%s); its TTL ends it", exc)
 
@@ -204,14 +210,14 @@ class LeaseQueue(LeaseClaims):
         waiter_ttl: float,
         heir_token: str,
     ) -> int:
-        """Add the caller's waiter row, with the token and TTL a release hands a slot
-        over with; its ``id``, the ticket."""
+        """Add the caller's waiter row, with the token, TTL and limit a release hands a
+        slot over with; its ``id``, the ticket."""
         d = self.dialect
         ident = request.identity
         sql = (
             f"INSERT INTO {WAITERS} (name_key, name, host, pid, thread, label, since, "
-            f"expires_at, token, ttl) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds}, %s, %s)"
+            f"expires_at, token, ttl, slot_limit) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds}, %s, %s, %s)"
         )
         params = (
             key,
@@ -223,6 +229,7 @@ class LeaseQueue(LeaseClaims):
             d.seconds_param(waiter_ttl),
             heir_token,
             request.ttl,
+            request.limit,
         )
         with closing(db.create_cursor()) as cursor:
             if d.returning:

@@ -140,7 +140,9 @@ class LeaseStore(LockBackend):
                 ) from exc
 
     @staticmethod
-    def _execute(db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
+    def _execute(
+        db: BaseDatabaseWrapper, sql: str, params: Sequence[object] | Mapping[str, object]
+    ) -> int:
         """Run one statement; the number of rows it changed."""
         with closing(db.create_cursor()) as cursor:
             cursor.execute(sql, params)

@@ -40,6 +40,6 @@ class LeaseDialect:
     #: one of them (``lease.claims._claim_free_slot``); else a transaction does.
     slot_in_one_statement: bool = False
     #: Builds the release that hands the freed slot to the head of the queue, fence
-    #: and all, and wakes it, in one statement (``(slots, waiters) -> SQL``, one
-    #: parameter: the released token); ``None`` where a waiter claims a freed slot.
+    #: and all, and wakes it, in one statement (``(slots, waiters) -> SQL``, with the
+    #: named parameter ``token``); ``None`` where a waiter claims a freed slot.
     handing_over: Callable[[str, str], str] | None = None

@@ -39,27 +39,36 @@ def lease_notifying(update: str, waiters: bool, holders: bool) -> str:
 
 
 def lease_handing_over(slots: str, waiters: str) -> str:
-    """A lease release (one parameter: the released token) that hands the slot to the
-    head of the name's queue in the same statement, and wakes the waiters (``NOTIFY``).
+    """A lease release that hands the slot to the head of the name's queue in the same
+    statement, and wakes the waiters (``NOTIFY``). One named parameter: ``token``, the
+    released grant's.
 
     The name's slot rows are locked first, in slot order (as claims lock them), so
     the heir's fence is one more than the name's largest and two hand-overs never
-    share one. The heir is the live waiter with the smallest ticket; its row leaves
-    the queue, and its token, TTL and identity become the slot's. A head queued
-    without a token (an older djlocks) is handed nothing: it claims the freed slot.
+    share one. The heir is the live waiter with the smallest ticket, and only if the
+    released slot is still the releaser's once locked (a forced release that came
+    first hands nothing, and leaves the queue as it was) and the heir asked for the
+    name's number of slots. Its row leaves the queue, and its token, TTL and
+    identity become the slot's. A head queued without a token (an older djlocks) or
+    with another limit is handed nothing: it claims the freed slot, or is told of
+    the mismatch, as before.
     The notice's payload is the name's key and the heir's ticket (``"<key> <ticket>"``),
     so that only the heir wakes; the key alone when nobody was handed the slot.
     Returns one row per released slot: whether it was handed over.
     """
     now = "statement_timestamp()"
     return (
-        f"WITH freed AS (SELECT name_key FROM {slots} WHERE token = %s AND expires_at > {now}), "
-        f"locked AS (SELECT s.fence FROM {slots} s JOIN freed USING (name_key) "
-        f"ORDER BY s.slot FOR UPDATE OF s), "
+        f"WITH freed AS (SELECT name_key, slot_limit FROM {slots} "
+        f"WHERE token = %(token)s AND expires_at > {now}), "
+        f"locked AS (SELECT s.fence, s.token, s.expires_at FROM {slots} s "
+        f"JOIN freed USING (name_key) ORDER BY s.slot FOR UPDATE OF s), "
         f"top AS (SELECT max(fence) AS fence FROM locked), "
-        f"heir AS (DELETE FROM {waiters} WHERE token IS NOT NULL AND id = ("
-        f"SELECT w.id FROM {waiters} w JOIN freed USING (name_key) WHERE w.expires_at > {now} "
-        f"ORDER BY w.id LIMIT 1) RETURNING id, token, ttl, host, pid, thread, label), "
+        f"mine AS (SELECT 1 FROM locked WHERE token = %(token)s AND expires_at > {now}), "
+        f"heir AS (DELETE FROM {waiters} WHERE token IS NOT NULL "
+        f"AND slot_limit = (SELECT slot_limit FROM freed) AND EXISTS (SELECT 1 FROM mine) "
+        f"AND id = (SELECT w.id FROM {waiters} w JOIN freed USING (name_key) "
+        f"WHERE w.expires_at > {now} ORDER BY w.id LIMIT 1) "
+        f"RETURNING id, token, ttl, host, pid, thread, label), "
         f"changed AS (UPDATE {slots} s SET token = heir.token, "
         f"fence = CASE WHEN heir.token IS NULL THEN s.fence ELSE top.fence + 1 END, "
         f"acquired_at = CASE WHEN heir.token IS NULL THEN s.acquired_at ELSE {now} END, "
@@ -68,7 +77,7 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"host = COALESCE(heir.host, s.host), pid = COALESCE(heir.pid, s.pid), "
         f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
         f"FROM top LEFT JOIN heir ON true "
-        f"WHERE s.token = %s AND s.expires_at > {now} "
+        f"WHERE s.token = %(token)s AND s.expires_at > {now} "
         f"RETURNING s.name_key, heir.id) "
         f"SELECT pg_notify('{LEASE_RELEASED}', name_key || COALESCE(' ' || id, '')), "
         f"id IS NOT NULL FROM changed"
