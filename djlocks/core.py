@@ -228,14 +228,14 @@ class Lock:
         ttl = self.ttl
         backend = self.backend
         max_hold = self.max_hold
-        if not backend.capabilities.forced_release and self._max_hold is None:
+        if not backend.capabilities.forced_release:
+            if self._max_hold is not None:
+                raise ValueError(
+                    f"{self!r}: backend {self.backend_alias!r} cannot take a grant back from "
+                    f"its holder (no forced release), so it cannot end one held past "
+                    f"max_hold. Leave max_hold out, or use another backend."
+                )
             max_hold = None  # DJLOCKS["MAX_HOLD"] is for the backends that can take back
-        if max_hold is not None and not backend.capabilities.forced_release:
-            raise ValueError(
-                f"{self!r}: backend {self.backend_alias!r} cannot take a grant back from "
-                f"its holder (no forced release), so it cannot end one held past max_hold. "
-                f"Leave max_hold out, or use another backend."
-            )
         request = AcquireRequest(
             name=self.name,
             limit=self.limit,

@@ -95,14 +95,14 @@ class Grant:
         believe_from = time.monotonic() if record.requested_at is None else record.requested_at
         #: The ``time.monotonic()`` moment past which the grant is not held (``max_hold``
         #: seconds from the grant), or ``None``.
-        self.hold_until = None if max_hold is None else time.monotonic() + max_hold
+        self.hold_until = None if max_hold is None else self.granted + max_hold
         self._believe_until = self._within_max_hold(believe_from + ttl * (1 - BELIEF_MARGIN))
         self._lost_reason: str | None = None
         self._loss_recorded = threading.Event()  # set once a loss is in the history
         self._released = False
         self._release_requested = False
-        self._measured = False  # its end is in the metrics
-        #: Where the metrics counted the grant (``djlocks.metrics``), if they did.
+        #: Where the metrics counted the grant (``djlocks.metrics``), until its end is
+        #: counted too.
         self.measured_as: object = None
 
     def __repr__(self) -> str:
@@ -212,21 +212,19 @@ class Grant:
         """Release at the store (and leave the grant's scope); raise ``LockLost`` if it
         had ended, with the loss seen before the release (``lost_earlier``) first."""
         try:
-            self.backend.release(self.name, self.token, self.spec.cooldown)
-        except LockLost as exc:
-            self.mark_lost(str(exc), by_release=True)
-            self._loss_recorded.wait(LOSS_RECORD_WAIT)
+            try:
+                self.backend.release(self.name, self.token, self.spec.cooldown)
+            except LockLost as exc:
+                self.mark_lost(str(exc), by_release=True)
+                self._loss_recorded.wait(LOSS_RECORD_WAIT)
+                raise
+            finally:
+                if self.scope is not None:
+                    self.scope.__exit__(*exc_info)
+        except LockLost as exc:  # from the store, or from the scope's commit
             if lost_earlier is None:
                 raise
             raise self._lost_before(lost_earlier, exc) from exc
-        finally:
-            if self.scope is not None:
-                try:
-                    self.scope.__exit__(*exc_info)
-                except LockLost as exc:
-                    if lost_earlier is None:
-                        raise
-                    raise self._lost_before(lost_earlier, exc) from exc
         if lost_earlier is not None:
             self._loss_recorded.wait(LOSS_RECORD_WAIT)
             raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
@@ -234,10 +232,10 @@ class Grant:
     def _measure_end(self) -> None:
         """Put the grant's end (a release, or a loss) in the metrics, once."""
         with self._guard:
-            if self._measured:
-                return
-            self._measured = True
-        metrics.grant_ended(self, time.monotonic() - self.granted, self._lost_reason is not None)
+            series, self.measured_as = self.measured_as, None
+        if series is not None:
+            held = time.monotonic() - self.granted
+            metrics.grant_ended(series, held, self._lost_reason is not None)
 
     def _lost_before(self, lost_earlier: str, exc: LockLost) -> LockLost:
         """What release raises when the store says the grant had ended after a loss was

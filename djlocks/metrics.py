@@ -169,10 +169,10 @@ def _ignore(granted: bool | None, waited: float) -> object:
     return None
 
 
-def grant_ended(grant: Grant, held: float, lost: bool) -> None:
-    """``grant`` ended after ``held`` seconds: released, or ``lost`` (once per grant).
-    Its end goes to the series its grant was counted in, whatever the grouping now."""
-    series = grant.measured_as
+def grant_ended(series: object, held: float, lost: bool) -> None:
+    """A grant counted in ``series`` (what ``waiting``'s callback returned for it) ended
+    after ``held`` seconds: released, or ``lost``. Call it once per grant; its end goes
+    to the series it was counted in, whatever the grouping now."""
     if not isinstance(series, _Series):
         return
     series.holders.dec()
