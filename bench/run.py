@@ -25,7 +25,13 @@ from bench import targets
 ROOT = Path(__file__).resolve().parent.parent
 DATABASES = ("sqlite", "postgresql", "mysql")
 SERVERS = ("postgresql", "mysql")
-WORKLOADS = ("uncontended", "database_locks", "runlocked_startup", "dashboard_scale")
+WORKLOADS = (
+    "uncontended",
+    "database_locks",
+    "runlocked_startup",
+    "dashboard_scale",
+    "idle_sweep",
+)
 RAW = ("raw GET_LOCK / RELEASE_LOCK", "raw pg_advisory_lock / unlock")
 
 
@@ -96,6 +102,7 @@ def render(report: dict[str, Any]) -> str:
             f"| {run['database']} | {run['overview_page_s']} s | {run['overview_search_s']} s | "
             f"{run['overview_json_s']} s | {run['name_page_s']} s | {run['list_json_s']} s |"
         )
+    lines += render_idle_sweep(report["idle_sweep"])
     lines += render_redis(report["redis_locks"])
     lines += targets.render(report)
     return "\n".join(lines) + "\n"
@@ -104,6 +111,30 @@ def render(report: dict[str, Any]) -> str:
 def section(title: str, text: str, header: str, alignment: str) -> list[str]:
     """The opening lines of a section of docs/benchmarks.md: title, text, table header."""
     return ["", f"## {title}", "", text, "", header, alignment]
+
+
+def render_idle_sweep(runs: list[dict[str, Any]]) -> list[str]:
+    """The idle-name sweep: each store's size filled with names taken once, and after."""
+    lines = section(
+        "Sweeping idle names",
+        "Distinct names taken and released once each by 4 processes; a few seconds later "
+        "1,000 more; then `sweep(idle_names=2.5)` removes the first set and keeps the recent "
+        "one. Rows (keys on Redis) of the store's tables; the dashboard overview's time "
+        "with every name, then with what is left.",
+        "| database | backend | names | first use | rows before / filled / after "
+        "| sweep | dashboard filled / after |",
+        "|---|---|---:|---:|---|---:|---|",
+    )
+    for run in runs:
+        for row in run["runs"]:
+            lines.append(
+                f"| {run['database']} | {row['backend']} ({row['store']}) | {row['names']:,} "
+                f"| {row['first_use_per_s']:,}/s | {row['rows_before']:,} / "
+                f"{row['rows_filled']:,} / {row['rows_after']:,} | {row['sweep_s']} s "
+                f"({row['swept_per_s']:,} names/s) | {row['dashboard_filled_s']} s / "
+                f"{row['dashboard_after_s']} s |"
+            )
+    return lines
 
 
 def render_contended(runs: list[dict[str, Any]]) -> list[str]:

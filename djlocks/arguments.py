@@ -11,6 +11,8 @@ import math
 import re
 from datetime import timedelta
 
+from djlocks.written import RECHECK, SHORTEST_IDLE
+
 Seconds = int | float | timedelta
 
 MAX_NAME_LENGTH = 255
@@ -194,6 +196,24 @@ def normalize_max_hold(max_hold: Seconds | None) -> float | None:
         raise ValueError(f"max_hold must be more than 0 seconds{hint}.")
     if seconds > MAX_PERIOD:
         raise ValueError(f"max_hold must be at most {MAX_PERIOD:.0f} seconds (365 days){hint}.")
+    return seconds
+
+
+def normalize_idle_names(idle: Seconds | None) -> float | None:
+    """Return after how many seconds since its last grant a sweep removes an idle
+    name: at least ``written.SHORTEST_IDLE`` (120); ``None``: names are kept.
+
+    Raises ``ValueError`` below that, ``TypeError`` for a non-number.
+    """
+    if idle is None:
+        return None
+    seconds = _to_seconds(idle, "the idle time of names")
+    if seconds < SHORTEST_IDLE:
+        raise ValueError(
+            f"the idle time of names must be at least {SHORTEST_IDLE:g} seconds (got "
+            f"{seconds:g}): a process re-checks every {RECHECK:g} s that the names it "
+            f"created are still there."
+        )
     return seconds
 
 

@@ -3,7 +3,8 @@ store through its own ``LockBackend.check``.
 
 Here: E001 ``BACKENDS`` malformed, E002 a backend that cannot be imported, E003 a
 bad ``TTL``, E010 an unknown ``EVENTS_WRITER``, E011 a bad ``MAX_HOLD``, E012 a
-``METRICS_GROUP`` that is not a function, W006 an unknown key. The backends': E004
+``METRICS_GROUP`` that is not a function, E013 a bad ``SWEEP_IDLE_NAMES``, W006 an
+unknown key. The backends': E004
 leases in an in-memory SQLite database, W007 SQLite without WAL or ``IMMEDIATE``
 transactions (lease); E005 an unknown database alias, E006 a database the backend
 cannot use (every database backend); E007 GET_LOCK under Galera, W001
@@ -25,7 +26,7 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from djlocks.arguments import normalize_max_hold
+from djlocks.arguments import normalize_idle_names, normalize_max_hold
 from djlocks.backends import import_hint
 from djlocks.conf import BACKGROUND, DEFAULTS, SYNCHRONOUS, djlocks_settings
 
@@ -36,7 +37,8 @@ BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid;
     E010 EVENTS_WRITER unknown; E011 MAX_HOLD invalid; E012 METRICS_GROUP not a
-    function; W006 a key djlocks does not know (a misspelling is otherwise silently ignored)."""
+    function; E013 SWEEP_IDLE_NAMES invalid; W006 a key djlocks does not know (a
+    misspelling is otherwise silently ignored)."""
     configured = djlocks_settings()
     messages = _unknown_keys("DJLOCKS", configured, DEFAULTS)
     aliases = configured["BACKENDS"]
@@ -89,6 +91,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 f"DJLOCKS['MAX_HOLD'] is invalid: {exc}",
                 hint="Seconds (more than 0), or None (the default) for no bound.",
                 id="djlocks.E011",
+            )
+        )
+    try:
+        normalize_idle_names(configured["SWEEP_IDLE_NAMES"])
+    except (TypeError, ValueError) as exc:
+        messages.append(
+            Error(
+                f"DJLOCKS['SWEEP_IDLE_NAMES'] is invalid: {exc}",
+                hint="Seconds (at least 120), or None (the default) to keep every name.",
+                id="djlocks.E013",
             )
         )
     grouping = configured["METRICS_GROUP"]

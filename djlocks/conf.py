@@ -35,6 +35,10 @@ Keys and defaults (all optional):
     before its first ``:``.
 ``EVENTS_RETENTION``
     Seconds of history ``djlocks sweep`` keeps (604800: seven days).
+``SWEEP_IDLE_NAMES``
+    Seconds after its last grant that ``djlocks sweep`` removes a name nothing
+    holds, waits for or cools down on (at least 120); ``None`` (the default):
+    names are kept.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "EVENTS_RETENTION": 7 * 24 * 3600,
     "KEY_PREFIX": "djlocks",
     "METRICS_GROUP": None,
+    "SWEEP_IDLE_NAMES": None,
 }
 
 

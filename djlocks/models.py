@@ -94,13 +94,21 @@ class FenceCounter(models.Model):
     The lock itself lives in the database server (a session's named lock, a
     transaction's row lock); this row makes fences durable (each grant
     increments it, on djlocks' own connection, right after the server granted)
-    and maps the server's keys back to names for holders and waiters.
+    and maps the server's keys back to names for holders and waiters. A new
+    row's fence starts at the database server's clock in microseconds, so a
+    name that ``djlocks sweep`` removed gets higher fences than it ever had.
     """
 
     key = models.CharField(max_length=64, primary_key=True, db_column="name_key")
     name = models.CharField(max_length=255)
     limit = models.PositiveIntegerField(db_column="slot_limit")
     fence = models.BigIntegerField(default=0)
+    used_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The name's last grant (or its registration), by the database's clock: "
+        "how long it has been idle.",
+    )
 
     class Meta:
         abstract = True

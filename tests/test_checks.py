@@ -83,6 +83,15 @@ def test_bad_max_hold_is_an_error(max_hold: object) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("idle", [0, 60, -1, "a day"])
+def test_a_bad_idle_time_of_names_is_an_error(idle: object) -> None:
+    with override_settings(DJLOCKS={"SWEEP_IDLE_NAMES": idle}):
+        assert "djlocks.E013" in _ids()
+    with override_settings(DJLOCKS={"SWEEP_IDLE_NAMES": 86400}):
+        assert "djlocks.E013" not in _ids()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("grouping", ["no.such.module.group", "djlocks.metrics.LABELS"])
 def test_a_metrics_group_that_is_not_a_function_is_an_error(grouping: str) -> None:
     with override_settings(DJLOCKS={"METRICS_GROUP": grouping}):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import queue
 import random
 import threading
@@ -22,10 +23,11 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import override_settings
 
-from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore
+from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore, written
 from djlocks.backends import backends
 from djlocks.backends.base import Capabilities
 from djlocks.backends.waiting import Abort
@@ -174,6 +176,45 @@ def test_a_cooldown_holds_the_name_back_or_is_refused(backend: str) -> None:
     later = Lock("contract:cool", backend=backend)
     assert later.acquire(timeout=5), "free once the cool-down is over"
     later.release()
+
+
+def test_a_sweep_removes_idle_names_and_one_that_comes_back_gets_higher_fences(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Names nothing holds or cools down on, last granted longer ago than the idle
+    time, leave the store; a name that comes back starts above every fence it had."""
+    monkeypatch.setattr(written, "RECHECK", 0.2)  # this process soon re-creates rows
+    store, visible = backends[backend], can(backend).forced_release  # SQLite's row locks hide
+    with Lock("idle:once", backend=backend, ttl=5) as first:
+        pass
+    if can(backend).semaphores:
+        with Semaphore("idle:sem", limit=2, backend=backend, ttl=5):
+            pass
+    if can(backend).cooldowns:
+        with Lock("idle:cooling", backend=backend, ttl=5, cooldown=30):
+            pass
+    with contextlib.ExitStack() as kept:
+        if visible:
+            kept.enter_context(held_in_another_thread("idle:held", backend, ttl=5))
+        time.sleep(1.2)  # MySQL's row locks show a holder for up to a second after it ended
+        swept = store.sweep(idle_names=0.5)
+        left = {name for name, _ in store.names()}
+    assert swept["idle names"] == 1 + can(backend).semaphores
+    assert {"idle:once", "idle:sem"}.isdisjoint(left)
+    assert ("idle:held" in left) == visible, "a held name stays, though granted long ago"
+    assert ("idle:cooling" in left) == can(backend).cooldowns, "a cooling name stays"
+    time.sleep(0.3)  # longer than RECHECK
+    with Lock("idle:once", backend=backend, ttl=5, timeout=5) as again:
+        assert again.fence > first.fence
+    assert "idle:once" in {name for name, _ in store.names()}
+
+
+def test_the_idle_time_of_names_is_checked_where_it_is_set() -> None:
+    with pytest.raises(CommandError, match="at least 120 seconds"):
+        call_command("djlocks", "sweep", "--idle-names", "5")
+    out = io.StringIO()
+    call_command("djlocks", "sweep", "--idle-names", "120", stdout=out)
+    assert "idle names" in out.getvalue()
 
 
 @shared

@@ -220,11 +220,20 @@ class LockBackend(ABC):
         )
 
     @abstractmethod
-    def sweep(self) -> dict[str, int]:
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
         """Remove what dead holders and waiters left behind; return counts by kind.
 
         Never needed for correctness (expired records are ignored); it bounds
         the store's size. Safe to run at any time, from any process.
+
+        With ``idle_names`` (seconds), also remove each name that nothing holds,
+        waits for or cools down on and that was last granted more than that long
+        ago: its rows or keys go, and so does its place in the store's listings.
+        Its fences are not forgotten: a name that comes back starts above every
+        fence it had (the store's clock in microseconds where the store keeps
+        the fence, the largest removed fence in memory). Use at least
+        ``djlocks.written.SHORTEST_IDLE`` (120) seconds, as the command and the
+        setting do: a process re-checks the names it created every 60 s.
         """
 
     @abstractmethod

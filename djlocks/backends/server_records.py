@@ -38,17 +38,23 @@ records_log = logging.getLogger("djlocks.records")
 
 @dataclass(frozen=True)
 class RecordTables:
-    """The fence table and the holder table of one backend family, and the fence model."""
+    """The fence table and the holder table of one backend family, and their models."""
 
     fence: str
     holder: str
     fence_model: str
+    holder_model: str
 
 
 SESSION_TABLES = RecordTables(
-    "djlocks_session_fence", "djlocks_session_holder", "djlocks.SessionFence"
+    "djlocks_session_fence",
+    "djlocks_session_holder",
+    "djlocks.SessionFence",
+    "djlocks.SessionHolder",
 )
-ROW_TABLES = RecordTables("djlocks_row_fence", "djlocks_row_holder", "djlocks.RowFence")
+ROW_TABLES = RecordTables(
+    "djlocks_row_fence", "djlocks_row_holder", "djlocks.RowFence", "djlocks.RowHolder"
+)
 
 #: The holder row's columns, in the order of ``record_grant``'s values.
 HOLDER_COLUMNS = (

@@ -26,7 +26,8 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import SLOTS, as_datetime, earlier
+from djlocks.backends.lease.store import SLOTS, earlier
+from djlocks.backends.sql import as_datetime
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested

@@ -29,9 +29,9 @@ from djlocks.backends.lease.store import (
     WAITERS,
     Contention,
     LeaseStore,
-    as_datetime,
     transaction,
 )
+from djlocks.backends.sql import as_datetime
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
 
 acquire_log = logging.getLogger("djlocks.acquire")
@@ -200,25 +200,19 @@ class LeaseClaims(LeaseStore):
     ) -> GrantRecord | None:
         d = self.dialect
         ident = request.identity
+        slots = (
+            f"SELECT id, slot, slot_limit, fence, (token IS NULL OR expires_at <= {d.now}), "
+            f"(cooldown_until IS NULL OR cooldown_until <= {d.now}) "
+            f"FROM {SLOTS} WHERE name_key = %s ORDER BY slot{d.for_update}"
+        )
         with transaction(db, d.begin), closing(db.create_cursor()) as cursor:
-            cursor.execute(
-                f"SELECT id, slot, slot_limit, fence, "
-                f"(token IS NULL OR expires_at <= {d.now}), "
-                f"(cooldown_until IS NULL OR cooldown_until <= {d.now}) "
-                f"FROM {SLOTS} WHERE name_key = %s ORDER BY slot{d.for_update}",
-                (key,),
-            )
+            cursor.execute(slots, (key,))
             rows: Sequence[Sequence[Any]] = cursor.fetchall()
-            if not rows:
-                cursor.executemany(
-                    f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, "
-                    f"label) VALUES (%s, %s, %s, %s, 0, '', '', '')",
-                    [(key, request.name, slot, request.limit) for slot in range(request.limit)],
-                )
-                rows = [(None, slot, request.limit, 0, True, True) for slot in range(request.limit)]
-                created = True
-            else:
-                created = False
+            created = not rows
+            if created:
+                self._create_slots(cursor, request, key)
+                cursor.execute(slots, (key,))
+                rows = cursor.fetchall()
             limit = int(rows[0][2])
             if limit != request.limit and all(row[4] for row in rows):
                 rows = self._reshape(cursor, request, key, rows)
@@ -251,6 +245,21 @@ class LeaseClaims(LeaseStore):
         if created:
             acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
         return GrantRecord(token, slot, fence, expires_at)
+
+    def _create_slots(self, cursor: Any, request: AcquireRequest, key: str) -> None:
+        """Insert a new name's slot rows, their fence at the store's clock in
+        microseconds (``first_fence``): a name that a sweep removed starts above
+        every fence it had."""
+        row = f"(%s, %s, %s, %s, {self.dialect.first_fence}, '', '', '')"
+        cursor.execute(
+            f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, label) "
+            f"VALUES {', '.join([row] * request.limit)}",
+            [
+                value
+                for slot in range(request.limit)
+                for value in (key, request.name, slot, request.limit)
+            ],
+        )
 
     def _reshape(
         self, cursor: Any, request: AcquireRequest, key: str, rows: Sequence[Sequence[Any]]

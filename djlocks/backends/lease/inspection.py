@@ -6,13 +6,15 @@ Read through Django's ORM on the models (``LeaseSlot``, ``LeaseWaiter``), with
 
 from __future__ import annotations
 
+from contextlib import closing
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo, in_queue_order
-from djlocks.backends.lease.store import SLOTS, WAITERS, LeaseStore
+from djlocks.backends.lease.store import SLOTS, WAITERS, LeaseStore, transaction
 from djlocks.events import events
 from djlocks.keys import table_key
 from djlocks.kinds import Kind
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
     from django.db.models import QuerySet
 
     from djlocks.models import LeaseSlot
+
+#: Names looked at, and removed, per transaction of an idle-name sweep.
+IDLE_BATCH = 1000
 
 HOLDER_FIELDS = [
     "name",
@@ -116,12 +121,17 @@ class LeaseInspection(LeaseStore):
         cooling = [c.until for c in self.cooldowns(name) if c.slot == slot]
         return cooling[0] if cooling else None
 
-    def sweep(self) -> dict[str, int]:
-        """Delete dead waiters' records and clear expired grants' holder details.
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
+        """Delete dead waiters' records and clear expired grants' holder details;
+        with ``idle_names`` (seconds), delete idle names' slot rows too.
 
-        Each expired grant is recorded as an ``expired`` event first. Slot rows
-        themselves are kept: each remembers the last fence issued on it, and
-        deleting it would let a later grant reuse a fence.
+        Each expired grant is recorded as an ``expired`` event first. A name is
+        idle when none of its slots is held or cooling down, no live waiter
+        queues for it, and its last grant is more than ``idle_names`` seconds old.
+        Its rows are locked (in slot order, as claims lock them) and judged again
+        before they go, so a grant that comes meanwhile keeps them. A name that
+        comes back gets new rows, whose fences start at the database's clock in
+        microseconds (``first_fence``): above every fence it had.
         """
         from djlocks.models import LeaseSlot
 
@@ -135,4 +145,63 @@ class LeaseInspection(LeaseStore):
         ended = self._holders_in(expired)
         events.holders_ended(ended, Kind.EXPIRED, reason="the lease ran out without a release")
         cleared = expired.update(token=None, expires_at=None)
-        return {"expired grants": cleared, "dead waiters": dead_waiters}
+        swept = {"expired grants": cleared, "dead waiters": dead_waiters}
+        if idle_names is not None:
+            swept["idle names"] = self._remove_idle_names(idle_names)
+        return swept
+
+    def _remove_idle_names(self, idle: float) -> int:
+        """Delete the slot rows of every idle name (see ``sweep``), ``IDLE_BATCH`` names
+        per transaction; return how many names went."""
+        removed, after = 0, ""
+        while True:
+            keys = self._run(partial(self._idle_keys, idle=idle, after=after))
+            if not keys:
+                return removed
+            after = keys[-1]
+            removed += self._run(partial(self._remove_if_idle, keys=keys, idle=idle))
+
+    def _busy(self, idle: float) -> str:
+        """SQL: 1 for a slot row that keeps its name: held, cooling down, or granted
+        within ``idle`` seconds (one ``%s``, from ``seconds_param(-idle)``)."""
+        d = self.dialect
+        return (
+            f"CASE WHEN (token IS NOT NULL AND expires_at > {d.now}) "
+            f"OR cooldown_until > {d.now} OR acquired_at > {d.plus_seconds} THEN 1 ELSE 0 END"
+        )
+
+    def _idle_keys(self, db: BaseDatabaseWrapper, idle: float, after: str) -> list[str]:
+        """Up to ``IDLE_BATCH`` keys after ``after``, in order, whose rows are all idle."""
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT name_key FROM {SLOTS} WHERE name_key > %s GROUP BY name_key "
+                f"HAVING max({self._busy(idle)}) = 0 ORDER BY name_key LIMIT {IDLE_BATCH}",
+                (after, self.dialect.seconds_param(-idle)),
+            )
+            return [key for (key,) in cursor.fetchall()]
+
+    def _remove_if_idle(self, db: BaseDatabaseWrapper, keys: list[str], idle: float) -> int:
+        """Lock the rows of ``keys``, and delete those of the names still idle."""
+        d = self.dialect
+        among = ", ".join(["%s"] * len(keys))
+        with transaction(db, d.begin), closing(db.create_cursor()) as cursor:
+            cursor.execute(
+                f"SELECT name_key, {self._busy(idle)} FROM {SLOTS} WHERE name_key IN ({among}) "
+                f"ORDER BY name_key, slot{d.for_update}",
+                (d.seconds_param(-idle), *keys),
+            )
+            busy = {key for key, kept in cursor.fetchall() if kept}
+            cursor.execute(
+                f"SELECT DISTINCT name_key FROM {WAITERS} WHERE name_key IN ({among}) "
+                f"AND expires_at > {d.now}",
+                keys,
+            )
+            busy.update(key for (key,) in cursor.fetchall())
+            idle_keys = [key for key in keys if key not in busy]
+            if not idle_keys:
+                return 0
+            cursor.execute(
+                f"DELETE FROM {SLOTS} WHERE name_key IN ({', '.join(['%s'] * len(idle_keys))})",
+                idle_keys,
+            )
+        return len(idle_keys)

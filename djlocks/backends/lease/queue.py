@@ -28,8 +28,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
-from djlocks.backends.lease.store import SLOTS, WAITERS, as_datetime
-from djlocks.backends.sql import postgresql
+from djlocks.backends.lease.store import SLOTS, WAITERS
+from djlocks.backends.sql import as_datetime, postgresql
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable

@@ -13,17 +13,16 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager, suppress
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.base import LockBackend
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.push import PostgresListener
-from djlocks.backends.sql import lease_dialect
+from djlocks.backends.sql import database_now, lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect
 from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.exceptions import BackendUnavailable
@@ -53,14 +52,6 @@ def is_deadlock(exc: DatabaseError) -> bool:
     once, so trying again costs no wait (unlike a lock wait or busy time-out)."""
     text = str(exc).lower()
     return any(m in text for m in DEADLOCK_MESSAGES)
-
-
-def as_datetime(value: object) -> datetime | None:
-    """A moment read from the database as an aware datetime (SQLite returns text)."""
-    moment = value if value is None or isinstance(value, datetime) else parse_datetime(str(value))
-    if moment is not None and moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment
 
 
 class LeaseStore(LockBackend):
@@ -156,13 +147,7 @@ class LeaseStore(LockBackend):
 
     def _db_now(self) -> datetime:
         """The database's current time (UTC), for introspection queries."""
-        from django.db import connections
-
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(f"SELECT {self.dialect.now}", ())
-            moment = as_datetime(cursor.fetchone()[0])
-        assert moment is not None
-        return moment
+        return database_now(self.using)
 
 
 @contextmanager

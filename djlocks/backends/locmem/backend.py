@@ -57,6 +57,7 @@ class LocMemBackend(LockBackend):
         super().__init__(alias, options)
         self._lock = threading.Lock()
         self._names: dict[str, NameState] = {}
+        self._fence_floor = 0  # the largest fence of any name a sweep removed
 
     # -- acquire -------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class LocMemBackend(LockBackend):
         """The name's state, created on first use; reshaped to a new limit only while unheld."""
         entry = self._names.get(request.name)
         if entry is None:
-            entry = NameState(request.limit, threading.Condition(self._lock))
+            entry = NameState(request.limit, threading.Condition(self._lock), self._fence_floor)
             self._names[request.name] = entry
         elif entry.limit != request.limit:
             now = time.monotonic()
@@ -111,6 +112,7 @@ class LocMemBackend(LockBackend):
             return None
         slot = free[0]
         entry.fence += 1
+        entry.used = now
         lease = Lease(
             secrets.token_hex(16),
             entry.fence,
@@ -296,13 +298,13 @@ class LocMemBackend(LockBackend):
             entry.changed.notify_all()
             return len(taken)
 
-    def sweep(self) -> dict[str, int]:
-        """Forget expired leases and ended cool-downs; return how many of each.
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
+        """Forget expired leases and ended cool-downs, and names idle for longer than
+        ``idle_names`` seconds; return how many of each.
 
-        Never needed for correctness: expired leases and ended cool-downs are
-        ignored. Names are kept, with their fence counters, so a fence is never
-        issued twice. There are no dead waiters to remove: a waiter leaves the
-        queue in a ``finally`` of its own thread.
+        There are no dead waiters to remove: a waiter leaves the queue in a
+        ``finally`` of its own thread. A removed name's fences live on as the
+        store's floor: a name first seen after the sweep starts above it.
         """
         with self._lock:
             now = time.monotonic()
@@ -313,4 +315,14 @@ class LocMemBackend(LockBackend):
                 expired += len(entry.leases) - len(live)
                 ended += len(entry.cooldowns) - len(cooling)
                 entry.leases, entry.cooldowns = live, cooling
-            return {"expired grants": expired, "ended cool-downs": ended}
+            swept = {"expired grants": expired, "ended cool-downs": ended}
+            if idle_names is None:
+                return swept
+            idle = [
+                name
+                for name, entry in self._names.items()
+                if entry.idle_since(now - idle_names, now)
+            ]
+            for name in idle:
+                self._fence_floor = max(self._fence_floor, self._names.pop(name).fence)
+            return {**swept, "idle names": len(idle)}

@@ -42,12 +42,12 @@ class Waiter:
 
 @dataclass
 class NameState:
-    """Everything the store knows about one name. Kept while the process lives, so
-    that its fence counter survives the name being idle."""
+    """Everything the store knows about one name, until a sweep removes it idle."""
 
     limit: int
     changed: threading.Condition
-    fence: int = 0  # the last fence issued for the name
+    fence: int  # the last fence issued for the name
+    used: float = field(default_factory=time.monotonic)  # its last grant (or creation)
     leases: dict[int, Lease] = field(default_factory=dict)  # by slot
     cooldowns: dict[int, float] = field(default_factory=dict)  # slot -> monotonic end
     queue: list[Waiter] = field(default_factory=list)  # FIFO: the first waited longest
@@ -65,6 +65,11 @@ class NameState:
         """Wake every waiter of the name to look again (``abort.set()`` calls this)."""
         with self.changed:
             self.changed.notify_all()
+
+    def idle_since(self, before: float, now: float) -> bool:
+        """Nothing holds, waits for or cools down on the name, and its last grant
+        came before ``before`` (monotonic)."""
+        return self.used < before and not self.queue and len(self.free_slots(now)) == self.limit
 
     def next_change(self, now: float) -> float | None:
         """When a slot frees itself (a lease expires, a cool-down ends); ``None``: never."""

@@ -28,17 +28,22 @@ class RedisInspection(RedisStore):
         """The describe script's reply for ``name``, or for every name (pipelined)."""
         if name is not None:
             return [self._run("describe", name)]
+        replies = self._on_every_name("describe")
+        return sorted(replies, key=lambda reply: text(reply[1]))
+
+    def _on_every_name(self, script: str, *args: int) -> list[Sequence[Any]]:
+        """``script``'s reply for every name's meta key, ``SCAN_BATCH`` calls per pipeline."""
         keys = list(self._meta_keys())
         replies: list[Sequence[Any]] = []
         for start in range(0, len(keys), SCAN_BATCH):
             try:
                 with self.redis().pipeline(transaction=False) as pipe:
                     for key in keys[start : start + SCAN_BATCH]:
-                        self._scripts["describe"](keys=[key], client=pipe)
+                        self._scripts[script](keys=[key], args=list(args), client=pipe)
                     replies.extend(pipe.execute())
             except RedisError as exc:
                 raise self._unavailable(exc) from exc
-        return sorted(replies, key=lambda reply: text(reply[1]))
+        return replies
 
     def holders(self, name: str | None = None) -> list[HolderInfo]:
         holders = []
@@ -85,12 +90,19 @@ class RedisInspection(RedisStore):
     def names(self) -> list[tuple[str, int]]:
         return [(text(reply[1]), int(reply[2])) for reply in self._described(None)]
 
-    def sweep(self) -> dict[str, int]:
-        """Drop dead waiters from every queue.
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
+        """Drop dead waiters from every queue; with ``idle_names`` (seconds), delete the
+        keys of names with no lease, cool-down or waiter whose last grant is older.
 
         Leases and cool-downs need no sweeping: Redis deletes them at their
         TTL. Such expiries leave no ``expired`` event (the key is gone before
-        anyone looks); the holder records a ``lost`` event when it notices.
+        anyone looks); the holder records a ``lost`` event when it notices. A
+        deleted name's fences live on in Redis's clock: every fence is at least
+        the clock in microseconds at its grant (see ``lua/prelude.lua``).
         """
-        dead = sum(int(self._call("sweep", key)) for key in self._meta_keys())
-        return {"dead waiters": dead}
+        idle_ms = -1 if idle_names is None else round(idle_names * 1000)
+        replies = self._on_every_name("sweep", idle_ms)
+        swept = {"dead waiters": sum(int(dead) for dead, _ in replies)}
+        if idle_names is not None:
+            swept["idle names"] = sum(int(deleted) for _, deleted in replies)
+        return swept

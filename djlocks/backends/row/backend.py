@@ -26,6 +26,7 @@ from djlocks.backends.base import (
     unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.idle import remove_idle_records
 from djlocks.backends.row.dialect import RowDialect
 from djlocks.backends.row.transaction import OwnTransaction
 from djlocks.backends.server_records import ROW_TABLES, known_names
@@ -218,8 +219,20 @@ class RowLockBackend(LockBackend):
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return []  # refused at acquire: a row lock cannot outlive its transaction
 
-    def sweep(self) -> dict[str, int]:
-        return {}  # the server frees a dead transaction's rows; holder rows are per slot
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
+        """Nothing to do for dead holders (the server frees a dead transaction's rows,
+        and holder rows are rewritten per slot); with ``idle_names`` (seconds), delete
+        the rows of names neither held nor waited for whose last grant is older
+        (``djlocks.backends.idle``): a lockable row only while no transaction holds it."""
+        if idle_names is None:
+            return {}
+        busy = {table_key(holder.name) for holder in self.holders()}
+        busy.update(table_key(waiter.name) for waiter in self.waiters())
+        lockable_rows = connections[self.using].vendor != "sqlite"  # SQLite locks none
+        removed = remove_idle_records(
+            self.using, ROW_TABLES, idle_names, busy, lockable_rows=lockable_rows
+        )
+        return {"idle names": removed}
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
 from djlocks.backends.server_records import ROW_TABLES, known_names, record_grant, register_name
 from djlocks.backends.waiting import Abort, poll_with_backoff, seconds_left
-from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import table_key
+from djlocks.written import WrittenNames
 
 if TYPE_CHECKING:
     from djlocks.backends.row.backend import RowLockBackend
@@ -40,8 +40,7 @@ class ServerRowDialect(RowDialect):
 
     def __init__(self, backend: RowLockBackend) -> None:
         super().__init__(backend)
-        self._created: set[tuple[str, int]] = set()
-        self._created_guard = ForkSafeLock()
+        self._created = WrittenNames()  # (key, limit) whose rows exist
 
     # -- what each server does differently ---------------------------------
 
@@ -130,9 +129,8 @@ class ServerRowDialect(RowDialect):
     def _create_once(self, request: AcquireRequest) -> None:
         """Create the name's slot rows and fence row, once per process, on djlocks' connection."""
         key = table_key(request.name)
-        with self._created_guard:
-            if (key, request.limit) in self._created:
-                return
+        if (key, request.limit) in self._created:
+            return
 
         def create(cursor: CursorWrapper) -> None:
             register_name(cursor, self.vendor, ROW_TABLES, request)
@@ -146,8 +144,7 @@ class ServerRowDialect(RowDialect):
                 self._create_rows(cursor, key, request.limit)
 
         self.backend.side.run_idempotent(create)
-        with self._created_guard:
-            self._created.add((key, request.limit))
+        self._created.add((key, request.limit))
 
     def record(self, request: AcquireRequest, claim: Claim, token: str) -> int:
         """Issue the fence and record the holder (again on a new connection if needed:

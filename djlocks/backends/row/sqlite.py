@@ -38,6 +38,7 @@ from django.db import OperationalError, connections
 
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
+from djlocks.backends.sql import sqlite
 from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.exceptions import BackendUnavailable
 from djlocks.keys import table_key
@@ -124,9 +125,10 @@ class SQLiteRows(RowDialect):
         """The statement that takes the database's write lock and issues the fence."""
         with connections[self.using].cursor() as cursor:
             cursor.execute(
-                "INSERT INTO djlocks_row_fence (name_key, name, slot_limit, fence) "
-                "VALUES (%s, %s, 1, 1) ON CONFLICT (name_key) "
-                "DO UPDATE SET fence = fence + 1, slot_limit = 1 RETURNING fence",
+                f"INSERT INTO djlocks_row_fence (name_key, name, slot_limit, fence, used_at) "
+                f"VALUES (%s, %s, 1, {sqlite.FIRST_FENCE}, {sqlite.LEASE.now}) "
+                f"ON CONFLICT (name_key) DO UPDATE SET fence = fence + 1, slot_limit = 1, "
+                f"used_at = excluded.used_at RETURNING fence",
                 (table_key(request.name), request.name),
             )
             return int(cursor.fetchone()[0])

@@ -28,6 +28,7 @@ from djlocks.backends.base import LockBackend
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import ForkSafeLock
+from djlocks.written import WrittenNames
 
 acquire_log = logging.getLogger("djlocks.acquire")
 
@@ -112,7 +113,7 @@ class SessionStore(LockBackend):
         self._guard = ForkSafeLock()
         self._pid = os.getpid()
         self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
-        self._registered: set[tuple[str, int]] = set()  # (name, limit) known to the store
+        self._registered = WrittenNames()  # (name, limit) known to the store
 
     @abstractmethod
     def key(self, name: str, slot: int | str | None = None) -> Key:

@@ -21,6 +21,7 @@ from djlocks.backends.described import (
     parse_description,
     queue_order,
 )
+from djlocks.backends.idle import remove_idle_records
 from djlocks.backends.server_records import SESSION_TABLES, holder_records, known_names
 from djlocks.backends.session.connections import Key, Session, SessionStore
 from djlocks.keys import GATE, table_key
@@ -143,8 +144,16 @@ class SessionInspection(SessionStore):
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         return []  # refused at acquire: a session lock cannot outlive its release
 
-    def sweep(self) -> dict[str, int]:
-        return {}  # the server frees a dead session's locks; holder rows are rewritten per slot
+    def sweep(self, idle_names: float | None = None) -> dict[str, int]:
+        """Nothing to do for dead holders (the server frees a dead session's locks, and
+        holder rows are rewritten per slot); with ``idle_names`` (seconds), delete the
+        fence and holder rows of names neither held nor waited for whose last grant
+        is older (``djlocks.backends.idle``)."""
+        if idle_names is None:
+            return {}
+        busy = {table_key(holder.name) for holder in self.holders()}
+        busy.update(table_key(waiter.name) for waiter in self.waiters())
+        return {"idle names": remove_idle_records(self.using, SESSION_TABLES, idle_names, busy)}
 
     def _waited_names(self, name: str | None) -> dict[Key, str]:
         """The keys a waiter of each known name (or of ``name``) may wait on."""

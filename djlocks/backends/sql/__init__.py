@@ -13,7 +13,11 @@ vendor backend runs stays beside it (the GET_LOCK backend's in
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from types import ModuleType
+
+from django.db import connections
+from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.sql.dialects import LeaseDialect
 
@@ -36,3 +40,20 @@ def lease_dialect(vendor: str) -> LeaseDialect:
     """The lease rows' SQL fragments on ``vendor``; ``ValueError`` for other databases."""
     dialect: LeaseDialect = for_vendor(vendor).LEASE
     return dialect
+
+
+def database_now(using: str) -> datetime:
+    """The database's own current time (UTC), for introspection and sweeps."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"SELECT {lease_dialect(connections[using].vendor).now}", ())
+        moment = as_datetime(cursor.fetchone()[0])
+    assert moment is not None
+    return moment
+
+
+def as_datetime(value: object) -> datetime | None:
+    """A moment read from the database as an aware datetime (SQLite returns text)."""
+    moment = value if value is None or isinstance(value, datetime) else parse_datetime(str(value))
+    if moment is not None and moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment

@@ -27,6 +27,8 @@ class LeaseDialect:
     returning: bool
     #: Sets ``fence`` to ``fence + 1`` and makes the new value readable.
     fence_increment: str
+    #: The fence a new name's slot rows start at: the store's clock in microseconds.
+    first_fence: str
     #: Starts a transaction that serialises the claims of one name.
     begin: str
     #: Seconds as ``plus_seconds``'s parameter.

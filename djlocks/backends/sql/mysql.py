@@ -19,6 +19,10 @@ from djlocks.exceptions import LockDeadlock
 #: Run once on the history's own connection: nothing (durability is server-wide here).
 HISTORY_SESSION: str | None = None
 
+#: A new name's first fence: the server's clock in microseconds since the epoch (see
+#: ``sql.postgresql.FIRST_FENCE``).
+FIRST_FENCE = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
+
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
 LEASE = LeaseDialect(
@@ -29,6 +33,7 @@ LEASE = LeaseDialect(
     # No UPDATE ... RETURNING: LAST_INSERT_ID(expr) hands the new value back in the
     # OK packet (cursor.lastrowid), in the same round trip.
     fence_increment="fence = LAST_INSERT_ID(fence + 1)",
+    first_fence=FIRST_FENCE,
     begin="START TRANSACTION",
     seconds_param=lambda seconds: round(seconds * 1_000_000),
     # Fewer gap locks, so concurrent claims deadlock less often.
@@ -40,10 +45,11 @@ LEASE = LeaseDialect(
 
 
 def register_name(cursor: Any, tables: RecordTables, params: Sequence[object]) -> None:
-    """Make sure the name (key, name, limit) has a fence row, fence 0 if new."""
+    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new)."""
     cursor.execute(
-        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
-        f"VALUES (%s, %s, %s, 0) ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
+        f"VALUES (%s, %s, %s, {FIRST_FENCE}, UTC_TIMESTAMP(6)) "
+        f"ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
         params,
     )
 
@@ -66,9 +72,10 @@ def record_grant(
     try:
         cursor.execute(
             f"START TRANSACTION; "
-            f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
-            f"VALUES (%s, %s, %s, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE "
-            f"fence = LAST_INSERT_ID(fence + 1), slot_limit = VALUES(slot_limit); "
+            f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
+            f"VALUES (%s, %s, %s, LAST_INSERT_ID({FIRST_FENCE}), UTC_TIMESTAMP(6)) "
+            f"ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), "
+            f"slot_limit = VALUES(slot_limit), used_at = VALUES(used_at); "
             f"SET @djlocks_fence = LAST_INSERT_ID(); "
             f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) VALUES ({values}) "
             f"ON DUPLICATE KEY UPDATE {overwrite}; "

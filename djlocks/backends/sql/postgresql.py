@@ -14,6 +14,11 @@ from djlocks.backends.sql.dialects import LeaseDialect
 #: flush (the PostgreSQL manual, "Asynchronous Commit"); a crash may lose the last events.
 HISTORY_SESSION: str | None = "SET synchronous_commit TO off"
 
+#: A new name's first fence: the server's clock in microseconds since the epoch. A
+#: name that ``djlocks sweep`` removed after it was idle starts again above every
+#: fence it had (fences rise by one per grant, far slower than the clock).
+FIRST_FENCE = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
 #: NOTIFY channel of freed slots; the payload is the name's ``name_key``.
@@ -90,6 +95,7 @@ LEASE = LeaseDialect(
     for_update=" FOR UPDATE",
     returning=True,
     fence_increment="fence = fence + 1",
+    first_fence=FIRST_FENCE,
     begin="BEGIN",
     seconds_param=float,
     notifying=lease_notifying,
@@ -113,10 +119,10 @@ def unlisten(channel: str) -> str:
 
 
 def register_name(cursor: Any, tables: RecordTables, params: Sequence[object]) -> None:
-    """Make sure the name (key, name, limit) has a fence row, fence 0 if new."""
+    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new)."""
     cursor.execute(
-        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
-        f"VALUES (%s, %s, %s, 0) ON CONFLICT (name_key) "
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
+        f"VALUES (%s, %s, %s, {FIRST_FENCE}, statement_timestamp()) ON CONFLICT (name_key) "
         f"DO UPDATE SET slot_limit = EXCLUDED.slot_limit",
         params,
     )
@@ -134,9 +140,10 @@ def record_grant(
     values = "%s, %s, %s, %s, %s, issued.fence, %s, statement_timestamp(), %s, %s, %s, %s"
     cursor.execute(
         f"WITH issued AS ("
-        f" INSERT INTO {tables.fence} (name_key, name, slot_limit, fence)"
-        f" VALUES (%s, %s, %s, 1) ON CONFLICT (name_key) DO UPDATE"
-        f" SET fence = {tables.fence}.fence + 1, slot_limit = EXCLUDED.slot_limit"
+        f" INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at)"
+        f" VALUES (%s, %s, %s, {FIRST_FENCE}, statement_timestamp()) ON CONFLICT (name_key)"
+        f" DO UPDATE SET fence = {tables.fence}.fence + 1, slot_limit = EXCLUDED.slot_limit,"
+        f" used_at = EXCLUDED.used_at"
         f" RETURNING fence) "
         f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) SELECT {values} FROM issued "
         f"ON CONFLICT (name_key, slot) DO UPDATE SET {overwrite} RETURNING fence",
@@ -244,10 +251,11 @@ def record_holders(
         f"WITH written AS (INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) "
         f"VALUES {', '.join([row] * len(holders))} ON CONFLICT (name_key, slot) DO UPDATE "
         f"SET {overwrite} WHERE {tables.holder}.fence < EXCLUDED.fence) "
-        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence) "
-        f"VALUES {', '.join(['(%s, %s, %s, %s)'] * len(names))} ON CONFLICT (name_key) "
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
+        f"VALUES {', '.join(['(%s, %s, %s, %s, statement_timestamp())'] * len(names))} "
+        f"ON CONFLICT (name_key) "
         f"DO UPDATE SET fence = GREATEST({tables.fence}.fence, EXCLUDED.fence), "
-        f"slot_limit = EXCLUDED.slot_limit",
+        f"slot_limit = EXCLUDED.slot_limit, used_at = EXCLUDED.used_at",
         [value for rows in (holders, names) for record in rows for value in record],
     )
 

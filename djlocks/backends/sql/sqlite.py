@@ -9,6 +9,10 @@ from djlocks.backends.sql.dialects import LeaseDialect
 #: Run once on the history's own connection: nothing.
 HISTORY_SESSION: str | None = None
 
+#: A new name's first fence: the clock in microseconds since the epoch (see
+#: ``sql.postgresql.FIRST_FENCE``).
+FIRST_FENCE = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
+
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
 LEASE = LeaseDialect(
@@ -17,7 +21,8 @@ LEASE = LeaseDialect(
     for_update="",
     returning=True,
     fence_increment="fence = fence + 1",
+    first_fence=FIRST_FENCE,
     # No row locks: IMMEDIATE takes the database's write lock up front.
     begin="BEGIN IMMEDIATE",
-    seconds_param=lambda seconds: f"+{seconds:.3f} seconds",
+    seconds_param=lambda seconds: f"{seconds:+.3f} seconds",
 )

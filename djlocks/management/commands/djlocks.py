@@ -12,9 +12,10 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
-from djlocks.arguments import printable, validate_name, validate_text
+from djlocks.arguments import normalize_idle_names, printable, validate_name, validate_text
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
+from djlocks.conf import djlocks_settings
 from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import (
@@ -114,8 +115,19 @@ class Command(BaseCommand):
             "--slot", default=None, help="A semaphore's slot number, or 'gate' for its waiters."
         )
 
-        subcommands.add_parser(
-            "sweep", help="Remove expired grants and dead waiters; safe to run from cron."
+        sweeping = subcommands.add_parser(
+            "sweep",
+            help="Remove expired grants, dead waiters, old history and (with --idle-names "
+            "or SWEEP_IDLE_NAMES) idle names; safe to run from cron.",
+        )
+        sweeping.add_argument(
+            "--idle-names",
+            type=float,
+            default=None,
+            metavar="S",
+            help="Also remove each name nothing holds, waits for or cools down on that was "
+            "last granted more than S seconds ago (at least 120; default: the setting "
+            "SWEEP_IDLE_NAMES, else keep every name).",
         )
         subcommands.add_parser(
             "metrics",
@@ -346,9 +358,15 @@ class Command(BaseCommand):
 
     # -- sweep ---------------------------------------------------------------
 
-    def sweep(self, **unused: Any) -> None:
+    def sweep(self, *, idle_names: float | None, **unused: Any) -> None:
+        try:
+            idle = normalize_idle_names(
+                djlocks_settings()["SWEEP_IDLE_NAMES"] if idle_names is None else idle_names
+            )
+        except ValueError as exc:
+            raise CommandError(f"--idle-names: {exc}", returncode=USAGE_ERROR) from exc
         for alias in backends.aliases():
-            removed = backends[alias].sweep()
+            removed = backends[alias].sweep(idle)
             summary = ", ".join(f"{count} {kind}" for kind, count in removed.items())
             self.stdout.write(f"{alias}: {summary or 'nothing to sweep'}")
         self.stdout.write(f"history: {events.sweep()} event(s) past the retention deleted")
