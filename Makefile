@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest reliability lint docs bench clean install-test
+.PHONY: setup demo test test-sqlite test-postgresql test-mysql test-newest reliability lint docs bench clean install-test screenshots
 
 # The tests and the benchmark need a Redis: REDIS_URL, the loopback one unless set, is
 # exported to them only. `make demo` uses Redis only if REDIS_URL is in its environment.
@@ -81,9 +81,13 @@ bench: setup
 install-test: setup
 	$(PY) -m tests.installation
 
+# The dashboard's screenshots in docs/, from the demo's live workload in headless Chromium.
+screenshots: setup
+	$(PY) docs/screenshots.py
+
 lint: setup
-	$(VENV)/bin/ruff check djlocks project tests bench
-	$(VENV)/bin/ruff format --check djlocks project tests bench
+	$(VENV)/bin/ruff check djlocks project tests bench docs/screenshots.py
+	$(VENV)/bin/ruff format --check djlocks project tests bench docs/screenshots.py
 	$(VENV)/bin/mypy
 	DJLOCKS_DB=sqlite $(PY) manage.py makemigrations --check --dry-run
 

@@ -29,16 +29,31 @@ from django.utils import timezone
 from djlocks.arguments import validate_name
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
+from djlocks.charts import histogram_svg, sparkline_svg, timeline_svg
 from djlocks.dashboard import SORTS, STATES, NameSummary, overview, select
 from djlocks.events import events, recent_events, statistics
 from djlocks.exceptions import BackendUnavailable
-from djlocks.inspection import GRACEFUL_WAIT, force_release, public, request_release, snapshot
+from djlocks.inspection import (
+    GRACEFUL_WAIT,
+    Snapshot,
+    force_release,
+    public,
+    request_release,
+    snapshot,
+)
 from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
+from djlocks.stuck import stuck_holders
+from djlocks.timeline import average_waiters, distributions, timeline
 
 PAGE_SIZE = 100
 REFRESH_SECONDS = 5
 RECENT_EVENTS = 50
 PERIODS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+#: The spans a name's timeline can show (the last hour unless asked).
+TIMELINES = {"10m": timedelta(minutes=10), "1h": timedelta(hours=1)}
+#: The overview's sparklines of waiters: over the last hour, in 30 averages.
+SPARKLINE_PERIOD = timedelta(hours=1)
+SPARKLINE_POINTS = 30
 View = Callable[..., HttpResponse]
 
 
@@ -150,7 +165,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         context = {
             **self._context(request, "Locks and semaphores"),
             "page": page,
-            "rows": [self._overview_row(row, now) for row in page.object_list],
+            "rows": self._overview_rows(page, now),
             "query": query,
             "sorts": {key: _sort_link(query, key) for key in SORTS},
             "page_links": [
@@ -174,7 +189,7 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "count": page.paginator.count,
                 "page": page.number,
                 "pages": page.paginator.num_pages,
-                "rows": [self._overview_row(row, now) for row in page.object_list],
+                "rows": self._overview_rows(page, now),
                 "unavailable": unavailable,
             }
         )
@@ -203,17 +218,47 @@ class DashboardAdmin(ReadOnlyAdmin):
         page = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
         return page, query, unavailable
 
-    def _overview_row(self, row: NameSummary, now: datetime) -> dict[str, Any]:
-        return {**row.as_json(now), "url": _name_url(row.backend, row.name)}
+    def _overview_rows(self, page: Page[Any], now: datetime) -> list[dict[str, Any]]:
+        """The page's rows, each with its link and a sparkline of its waiters over the
+        last hour (``SPARKLINE_PERIOD``, in ``SPARKLINE_POINTS`` averages)."""
+        rows: list[NameSummary] = list(page.object_list)
+        averages = average_waiters(
+            [(row.backend, row.name) for row in rows],
+            {(row.backend, row.name): row.waits_since for row in rows},
+            now - SPARKLINE_PERIOD,
+            now,
+            SPARKLINE_POINTS,
+        )
+        return [
+            {
+                **row.as_json(now),
+                "url": _name_url(row.backend, row.name),
+                "sparkline": sparkline_svg(
+                    averages[row.backend, row.name], f"waiters of {row.name}, last hour"
+                ),
+            }
+            for row in rows
+        ]
 
     # -- one name -------------------------------------------------------------
 
     def name_view(self, request: HttpRequest) -> HttpResponse:
-        data = self._name_data(request)
+        data, found = self._name_data(request)
         _warn_unavailable(request, data["unavailable"])
+        now, backend, name = data["now"], data["backend"], data["name"]
+        span = request.GET.get("timeline", "1h")
+        span = span if span in TIMELINES else "1h"
+        start, limit = now - TIMELINES[span], data["limit"] or 1
+        drawn = timeline(backend, name, limit, start, now, found.holders, found.waiters)
+        waits, holds = distributions(backend, name, now - PERIODS[data["period"]])
         context = {
             **self._context(request, data["name"]),
             **data,
+            "timeline": timeline_svg(drawn),
+            "timelines": TIMELINES,
+            "timeline_span": span,
+            "wait_chart": histogram_svg(waits, "Waits"),
+            "hold_chart": histogram_svg(holds, "Holds"),
             "periods": PERIODS,
             "json_url": reverse("admin:djlocks_name_json") + "?" + request.GET.urlencode(),
             "release_all_url": _action_url("admin:djlocks_release", data["backend"], data["name"]),
@@ -221,9 +266,10 @@ class DashboardAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/djlocks/dashboard/name.html", context)
 
     def name_json(self, request: HttpRequest) -> JsonResponse:
-        return JsonResponse(self._name_data(request))
+        return JsonResponse(self._name_data(request)[0])
 
-    def _name_data(self, request: HttpRequest) -> dict[str, Any]:
+    def _name_data(self, request: HttpRequest) -> tuple[dict[str, Any], Snapshot]:
+        """What the name's page shows, and the stores' answer it was made from."""
         self._require(request, self.has_view_permission(request))
         backend, name = _target(request.GET)
         period = request.GET.get("period", "24h")
@@ -233,16 +279,21 @@ class DashboardAdmin(ReadOnlyAdmin):
         found = snapshot(name, backend)
         may_release = self.has_force_release_permission(request)
         holders = []
+        stuck = stuck_holders(found.holders, now)
         for holder in found.holders:
             shown = public(holder)
             shown["expires_in"] = (
                 None if holder.expires_at is None else (holder.expires_at - now).total_seconds()
             )
+            shown["held_for"] = (now - holder.since).total_seconds()
+            shown["usual_hold"] = stuck.get((holder.backend, holder.name, holder.slot))
+            shown["stuck"] = shown["usual_hold"] is not None
             if may_release:
                 shown["release_url"] = _action_url(
                     "admin:djlocks_release", backend, name, fence=holder.fence
                 )
             holders.append(shown)
+        holders.sort(key=lambda shown: not shown["stuck"])  # stuck first, else slot order
         waiters = [
             {**vars(waiter), "waited": (now - waiter.since).total_seconds()}
             for waiter in found.waiters
@@ -256,7 +307,7 @@ class DashboardAdmin(ReadOnlyAdmin):
                 )
             cooldowns.append(shown)
         stats = statistics(backend, name, now - PERIODS[period])
-        return {
+        data = {
             "now": now,
             "backend": backend,
             "name": name,
@@ -284,6 +335,7 @@ class DashboardAdmin(ReadOnlyAdmin):
                 for event in recent_events(backend, name, RECENT_EVENTS)
             ],
         }
+        return data, found
 
     # -- forced actions -------------------------------------------------------
 

@@ -83,26 +83,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 id="djlocks.E003",
             )
         )
-    try:
-        normalize_max_hold(configured["MAX_HOLD"])
-    except (TypeError, ValueError) as exc:
-        messages.append(
-            Error(
-                f"DJLOCKS['MAX_HOLD'] is invalid: {exc}",
-                hint="Seconds (more than 0), or None (the default) for no bound.",
-                id="djlocks.E011",
-            )
-        )
-    try:
-        normalize_idle_names(configured["SWEEP_IDLE_NAMES"])
-    except (TypeError, ValueError) as exc:
-        messages.append(
-            Error(
-                f"DJLOCKS['SWEEP_IDLE_NAMES'] is invalid: {exc}",
-                hint="Seconds (at least 120), or None (the default) to keep every name.",
-                id="djlocks.E013",
-            )
-        )
+    for key, normalize, hint, error in (
+        (
+            "MAX_HOLD",
+            normalize_max_hold,
+            "Seconds (more than 0), or None (the default) for no bound.",
+            "djlocks.E011",
+        ),
+        (
+            "SWEEP_IDLE_NAMES",
+            normalize_idle_names,
+            "Seconds (at least 120), or None (the default) to keep every name.",
+            "djlocks.E013",
+        ),
+    ):
+        try:
+            normalize(configured[key])
+        except (TypeError, ValueError) as exc:
+            messages.append(Error(f"DJLOCKS[{key!r}] is invalid: {exc}", hint=hint, id=error))
     grouping = configured["METRICS_GROUP"]
     if grouping is not None:
         try:

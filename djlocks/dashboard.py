@@ -8,19 +8,23 @@ The admin views in ``djlocks.admin`` only render and serve these.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from djlocks.backends import backends
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import Snapshot, snapshot
+from djlocks.stuck import Place, stuck_holders
 
 #: A lease whose expiry is this many seconds away, or past, counts as expiring.
 EXPIRING_WITHIN = 10.0
 
 STATES = {
+    "stuck": "stuck",
     "held": "held",
     "waited": "waited on",
     "expiring": "expiring",
@@ -49,8 +53,10 @@ class NameSummary:
     holders: int = 0
     waiters: int = 0
     waiting_since: datetime | None = None
+    waits_since: list[datetime] = field(default_factory=list)  # each waiter's start
     nearest_expiry: datetime | None = None
     cooldown_until: datetime | None = None
+    stuck: int = 0  # holders held far longer than the name usually is (djlocks.stuck)
     words: set[str] = field(default_factory=set)  # hosts and labels, for search
 
     @property
@@ -66,7 +72,7 @@ class NameSummary:
         return None if self.nearest_expiry is None else (self.nearest_expiry - now).total_seconds()
 
     def states(self, now: datetime) -> list[str]:
-        found = []
+        found = ["stuck"] if self.stuck else []
         if self.holders:
             found.append("held")
         if self.waiters:
@@ -89,6 +95,7 @@ class NameSummary:
             "kind": self.kind,
             "limit": self.limit,
             "holders": self.holders,
+            "stuck": self.stuck,
             "waiters": self.waiters,
             "longest_wait": self.longest_wait(now),
             "expires_in": self.expires_in(now),
@@ -100,11 +107,13 @@ class NameSummary:
         }
 
 
-def summaries(found: Snapshot, known: Mapping[tuple[str, str], int]) -> list[NameSummary]:
+def summaries(
+    found: Snapshot, known: Mapping[tuple[str, str], int], stuck: Collection[Place] = ()
+) -> list[NameSummary]:
     """Fold holders, waiters and cool-downs into one summary per (backend, name).
 
     ``known`` maps every (backend, name) the stores remember to its limit, so
-    that free names are listed too.
+    that free names are listed too; ``stuck`` holds the places of stuck holders.
     """
     rows = {key: NameSummary(key[0], key[1], limit) for key, limit in known.items()}
 
@@ -115,6 +124,7 @@ def summaries(found: Snapshot, known: Mapping[tuple[str, str], int]) -> list[Nam
         summary = row(holder.backend, holder.name, holder.limit)
         summary.limit = holder.limit
         summary.holders += 1
+        summary.stuck += (holder.backend, holder.name, holder.slot) in stuck
         summary.words.update((holder.host, holder.label))
         if holder.expires_at is not None:
             summary.nearest_expiry = _earliest(summary.nearest_expiry, holder.expires_at)
@@ -123,6 +133,7 @@ def summaries(found: Snapshot, known: Mapping[tuple[str, str], int]) -> list[Nam
         summary.waiters += 1
         summary.words.update((waiter.host, waiter.label))
         summary.waiting_since = _earliest(summary.waiting_since, waiter.since)
+        summary.waits_since.append(waiter.since)
     for cooling in found.cooldowns:
         summary = row(cooling.backend, cooling.name)
         if summary.cooldown_until is None or cooling.until > summary.cooldown_until:
@@ -142,7 +153,7 @@ def overview(backend: str | None = None) -> tuple[list[NameSummary], dict[str, s
             known.update({(alias, name): limit for name, limit in backends[alias].names()})
         except BackendUnavailable as exc:
             found.unavailable[alias] = str(exc)
-    return summaries(found, known), found.unavailable
+    return summaries(found, known, stuck_holders(found.holders, timezone.now())), found.unavailable
 
 
 def select(
@@ -150,8 +161,9 @@ def select(
 ) -> list[NameSummary]:
     """Rows matching ``search`` (name, host or label) and ``state``, sorted by ``order``.
 
-    ``order`` is a key of ``SORTS``, ``-`` first for descending; unknown values
-    sort by name. Rows without a value for the sort key come last.
+    Rows with a stuck holder come first, whatever the order. ``order`` is a key of
+    ``SORTS``, ``-`` first for descending; unknown values sort by name. Rows
+    without a value for the sort key come last.
     """
     chosen = [
         row
@@ -168,7 +180,8 @@ def select(
     absent = [row for value, row in keyed if value is None]
     present.sort(key=lambda pair: (pair[0], pair[1].name, pair[1].backend), reverse=descending)
     absent.sort(key=lambda row: (row.name, row.backend))
-    return [row for _, row in present] + absent
+    ordered = [row for _, row in present] + absent
+    return [row for row in ordered if row.stuck] + [row for row in ordered if not row.stuck]
 
 
 def _earliest(current: datetime | None, candidate: datetime) -> datetime:

@@ -42,6 +42,8 @@ events_log = logging.getLogger("djlocks.events")
 
 #: The statistics look at no more than this many of a name's most recent events.
 STATISTICS_WINDOW = 100_000
+#: The events that end a hold and say how long it was.
+ENDED_HOLDS = (Kind.RELEASED, Kind.LOST)
 
 
 class EventLog:
@@ -247,6 +249,30 @@ def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:
     return list(recent.filter(backend=backend, name=name).order_by("-at", "-id")[:count])
 
 
+#: A name's usual hold is read from at most this many of its last holds...
+USUAL_SAMPLE = 1_000
+#: ... and known only from at least this many.
+USUAL_EVIDENCE = 20
+
+
+def usual_hold(backend: str, name: str, since: datetime) -> float | None:
+    """The 95th percentile (seconds) of the last ``USUAL_SAMPLE`` holds of ``name`` on
+    ``backend`` that ended (released or lost) since ``since``; ``None`` with fewer
+    than ``USUAL_EVIDENCE`` of them."""
+    from djlocks.models import LockEvent
+
+    recent = (
+        LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+        .filter(backend=backend, name=name, at__gte=since, kind__in=ENDED_HOLDS)
+        .exclude(held=None)
+        .order_by("-at")
+    )
+    holds = [
+        held for held in recent.values_list("held", flat=True)[:USUAL_SAMPLE] if held is not None
+    ]
+    return percentile(holds, 95) if len(holds) >= USUAL_EVIDENCE else None
+
+
 @dataclass(frozen=True)
 class Statistics:
     """Counts and wait/hold percentiles (seconds) of a name's events since ``since``."""
@@ -281,7 +307,7 @@ def statistics(backend: str, name: str, since: datetime) -> Statistics:
         counts[kind] += 1
         if kind == Kind.ACQUIRED and waited is not None:
             waits.append(waited)
-        if kind in (Kind.RELEASED, Kind.LOST) and held is not None:
+        if kind in ENDED_HOLDS and held is not None:
             holds.append(held)
     return Statistics(
         since=since,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from djlocks import metrics
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
+from djlocks.green import green_threads_warning
 
 if TYPE_CHECKING:
     from djlocks.grant import Grant
@@ -126,6 +127,8 @@ class Heartbeat:
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
+            if self._thread is None and (warning := green_threads_warning()) is not None:
+                renew_log.warning(warning)
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
 

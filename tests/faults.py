@@ -20,6 +20,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 PGBOUNCER = "/usr/sbin/pgbouncer"  # Debian's package, installed by `make setup`
@@ -307,6 +309,20 @@ class PrivatePostgreSQL:
 def free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])
+
+
+def wait_for_http(url: str, timeout: float = 60) -> None:
+    """Until ``url`` answers (any status): a server that is starting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} never answered"
+            time.sleep(0.2)
 
 
 def _running(pid: int) -> bool:

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.faults import free_port
+from tests.faults import free_port, wait_for_http
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "var" / "install-test"
@@ -345,17 +345,6 @@ def run(command: list[str], *, quiet: bool = False, **options: object) -> str:
     if not quiet and done.stderr.strip():
         print(done.stderr, end="", file=sys.stderr)
     return str(done.stdout)
-
-
-def wait_for_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=5).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} never answered"
-            time.sleep(0.2)
 
 
 if __name__ == "__main__":

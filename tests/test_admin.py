@@ -26,8 +26,8 @@ from django.utils import timezone
 from djlocks import LockLost, db_lock, db_semaphore
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
-from djlocks.events import events
-from djlocks.models import LockEvent
+from djlocks.events import USUAL_EVIDENCE, events
+from djlocks.models import LeaseSlot, LockEvent
 from djlocks.runlocked import EXIT_LOST
 from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
 from tests.workers import CONTEXT, start_worker, wait_in_line
@@ -279,6 +279,64 @@ def test_history_records_and_statistics(admin_client: Client) -> None:
     assert data["events"][0]["kind"] == "released"
     page = admin_client.get(name_url("hist:lock", period="1h")).content.decode()
     assert "Recent events" in page and "timed out" in page
+
+
+def test_a_holder_held_far_past_its_names_usual_hold_is_marked_stuck_and_shown_first(
+    admin_client: Client,
+) -> None:
+    for _ in range(USUAL_EVIDENCE):  # the history: short holds
+        with db_lock("stuck:job", timeout=0):
+            pass
+    assert events.flush()
+    with (
+        db_lock("stuck:job", timeout=0),
+        db_lock("fresh:job", timeout=0),
+        db_lock("new:job", timeout=0),
+    ):
+        # Ten minutes on: the store's rows as two long holds leave them (one name has
+        # no history, so no usual hold to be far past).
+        long_ago = timezone.now() - timedelta(minutes=10)
+        LeaseSlot.objects.filter(name__in=["stuck:job", "new:job"]).update(acquired_at=long_ago)
+        overview = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+        assert overview["rows"][0]["name"] == "stuck:job", "stuck ones first"
+        states = {row["name"]: row["states"] for row in overview["rows"]}
+        assert states["stuck:job"][0] == "stuck" and "stuck" not in states["new:job"]
+        assert "stuck" not in states["fresh:job"]
+        only = admin_client.get(reverse("admin:djlocks_overview_json") + "?state=stuck").json()
+        assert [row["name"] for row in only["rows"]] == ["stuck:job"]
+        data = admin_client.get(name_url("stuck:job").replace("/name/", "/name.json")).json()
+        holder = data["holders"][0]
+        assert holder["stuck"] and 0 <= holder["usual_hold"] < 1 and holder["held_for"] > 590
+        page = admin_client.get(name_url("stuck:job")).content.decode()
+        assert 'class="djlocks-stuck">stuck: usually held' in page
+        page = admin_client.get(name_url("new:job")).content.decode()
+        assert "stuck: usually held" not in page
+
+
+def test_a_names_page_draws_its_last_hour_and_the_overview_its_waiters(
+    admin_client: Client,
+) -> None:
+    for _ in range(3):
+        with db_lock("chart:job", timeout=0):
+            time.sleep(0.02)
+    with db_lock("chart:job", timeout=0, label="the holder"):
+        assert not db_lock("chart:job").acquire(timeout=0.3)  # a wait that timed out
+        assert events.flush()
+        page = admin_client.get(name_url("chart:job")).content.decode()
+        overview = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+    timeline = page[page.index('aria-label="timeline of grants and waits"') :]
+    timeline = timeline[: timeline.index("</svg>")]
+    assert timeline.count("<title>fence ") == 3 + 1, "three ended grants and the held one"
+    assert timeline.count(", released</title>") == 3
+    assert "(the holder)</title>" in timeline and "timed out: waited 0.3" in timeline
+    assert "slot 0" in timeline and ">now<" in timeline
+    # The held grant's acquire is written with its end: 3 acquires and the time-out.
+    assert 'aria-label="Waits"' in page and "Waits (4 in all)" in page
+    assert 'aria-label="Holds"' in page and "Holds (3 in all)" in page
+    row = next(row for row in overview["rows"] if row["name"] == "chart:job")
+    points = row["sparkline"].split('points="')[1].split('"')[0].split()
+    heights = {float(point.split(",")[1]) for point in points}
+    assert len(points) == 30 and len(heights) > 1, "the wait shows in the last point(s)"
 
 
 def test_history_can_be_switched_off(settings: Any) -> None:

@@ -79,9 +79,24 @@
         break;
       case "list":
         td.textContent = value.join(", ");
+        if (row.stuck) {
+          td.className = "djlocks-stuck";
+        }
         break;
       case "flag":
         td.textContent = value ? header.dataset.yes : header.dataset.no;
+        break;
+      case "svg":
+        // Drawn and escaped on the server (djlocks.charts), like the page itself.
+        td.innerHTML = value;
+        break;
+      case "stuck":
+        if (value === null || value === undefined) {
+          td.textContent = "—";
+        } else {
+          td.textContent = "stuck: usually held " + seconds(value) + " (p95)";
+          td.className = "djlocks-stuck";
+        }
         break;
       default:
         td.textContent = value === null || value === undefined || value === "" ? "—" : value;
