@@ -13,6 +13,7 @@ from djlocks.exceptions import (
     ReleaseRequested,
 )
 from djlocks.grant import Grant
+from djlocks.many import Locks, db_locks
 
 #: The one place the version is written; the package metadata reads it from here.
 __version__ = "0.2.0"
@@ -25,11 +26,13 @@ __all__ = [
     "LockDeadlock",
     "LockError",
     "LockLost",
+    "Locks",
     "NotAcquired",
     "NotHeld",
     "ReleaseRequested",
     "Semaphore",
     "__version__",
     "db_lock",
+    "db_locks",
     "db_semaphore",
 ]

@@ -20,6 +20,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -222,13 +223,16 @@ class DashboardAdmin(ReadOnlyAdmin):
         """The page's rows, each with its link and a sparkline of its waiters over the
         last hour (``SPARKLINE_PERIOD``, in ``SPARKLINE_POINTS`` averages)."""
         rows: list[NameSummary] = list(page.object_list)
-        averages = average_waiters(
-            [(row.backend, row.name) for row in rows],
-            {(row.backend, row.name): row.waits_since for row in rows},
-            now - SPARKLINE_PERIOD,
-            now,
-            SPARKLINE_POINTS,
-        )
+        try:
+            averages = average_waiters(
+                [(row.backend, row.name) for row in rows],
+                {(row.backend, row.name): row.waits_since for row in rows},
+                now - SPARKLINE_PERIOD,
+                now,
+                SPARKLINE_POINTS,
+            )
+        except DatabaseError:  # the history's database: the stores' answers still show
+            averages = {(row.backend, row.name): [] for row in rows}
         return [
             {
                 **row.as_json(now),

@@ -201,13 +201,19 @@ def normalize_max_hold(max_hold: Seconds | None) -> float | None:
 
 def normalize_idle_names(idle: Seconds | None) -> float | None:
     """Return after how many seconds since its last grant a sweep removes an idle
-    name: at least ``written.SHORTEST_IDLE`` (120); ``None``: names are kept.
+    name: at least ``written.SHORTEST_IDLE`` (120), at most ``MAX_PERIOD`` (365
+    days); ``None``: names are kept.
 
-    Raises ``ValueError`` below that, ``TypeError`` for a non-number.
+    Raises ``ValueError`` outside that range, ``TypeError`` for a non-number.
     """
     if idle is None:
         return None
     seconds = _to_seconds(idle, "the idle time of names")
+    if seconds > MAX_PERIOD:
+        raise ValueError(
+            f"the idle time of names must be at most {MAX_PERIOD:.0f} seconds (365 days; "
+            f"got {seconds:g}); leave it out (None) to keep every name."
+        )
     if seconds < SHORTEST_IDLE:
         raise ValueError(
             f"the idle time of names must be at least {SHORTEST_IDLE:g} seconds (got "

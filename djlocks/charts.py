@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from djlocks.kinds import Kind
-from djlocks.timeline import Span, Timeline
+from djlocks.timeline import TIMELINE_EVENTS, Span, Timeline
 
 #: The timeline's drawing, in SVG user units (it scales to the page's width).
 WIDTH, LEFT, LANE, WAIT_ROW, AXIS = 960, 70, 20, 8, 22
@@ -126,9 +126,11 @@ def histogram_svg(values: Sequence[float], title: str) -> SafeString:
     tallest, width, height, bar = max(counts) or 1, 460, 150, 52
     parts = [
         format_html(
-            '<text x="4" y="14" class="djlocks-chart-label">{} ({} in all)</text>',
+            '<text x="4" y="14" class="djlocks-chart-label">{} ({})</text>',
             title,
-            len(values),
+            f"the last {len(values):,}"
+            if len(values) >= TIMELINE_EVENTS
+            else f"{len(values)} in all",
         )
     ]
     for i, ((_, label), count) in enumerate(zip(BUCKETS, counts, strict=True)):

@@ -10,6 +10,12 @@ clock (system-wide on Linux) and checked for overlaps afterwards.
 ``via="runlocked"`` makes it the classic strength test of a lock command:
 each worker runs ``manage.py runlocked NAME -- python stress_increment.py``
 in a loop, and that small program does the increment under the lock.
+
+``mode="multi"`` tests many names at once (``db_locks``): each iteration takes
+``MULTI_SET`` of ``MULTI_NAMES`` names together, chosen at random, and
+increments each one's counter. The oracles hold per name (one holder at a time,
+no lost update, rising fences), every set taken in full, and the store holds
+none of the names once the workers are done.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -29,6 +36,10 @@ from typing import Any
 
 from djlocks.percentiles import percentile
 from djlocks.stress_increment import increment, record_hold
+
+#: ``mode="multi"``: how many names the workers share, and how many each takes at once.
+MULTI_NAMES, MULTI_SET = 4, 2
+MODES = ("lock", "multi")
 
 
 @dataclass(frozen=True)
@@ -42,12 +53,26 @@ class StressPlan:
     name: str = "djlocks:stress"
     kill: int = 0  # how many workers are SIGKILLed while holding (they never release)
     via: str = "api"  # or "runlocked": each increment is a `manage.py runlocked` run
+    mode: str = "lock"  # a lock or a semaphore (by limit), or "multi": names together
 
     def __post_init__(self) -> None:
         if self.via not in ("api", "runlocked"):
             raise ValueError(f"via must be 'api' or 'runlocked', not {self.via!r}.")
         if self.via == "runlocked" and self.kill:
             raise ValueError("Killing holders is a test of the API workers, not of runlocked.")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}.")
+        if self.mode == "multi" and (self.limit != 1 or self.via != "api" or self.kill):
+            raise ValueError(
+                "mode 'multi' takes locks (limit 1) through the API, and kills no holder."
+            )
+
+    @property
+    def names(self) -> list[str]:
+        """The names the workers take: one, or ``MULTI_NAMES`` in mode ``multi``."""
+        if self.mode == "multi":
+            return [f"{self.name}:{index}" for index in range(MULTI_NAMES)]
+        return [self.name]
 
 
 @dataclass
@@ -96,6 +121,10 @@ def _worker(
     django.setup()
     from djlocks import Lock, Semaphore
 
+    if plan.mode == "multi":
+        _take_sets(plan, worker, workdir, start)
+        return
+
     spec: Lock = (
         Lock(plan.name, ttl=plan.ttl, backend=plan.backend, label=f"stress worker {worker}")
         if plan.limit == 1
@@ -114,6 +143,29 @@ def _worker(
                 os.kill(os.getpid(), signal.SIGKILL)  # dies holding: the lease must expire
             interval = increment(workdir, grant.slot, plan.hold_ms)
         record_hold(workdir, worker, interval, grant.fence, grant.slot)
+
+
+def _take_sets(plan: StressPlan, worker: int, workdir: str, start: Any) -> None:
+    """Mode ``multi``: take ``MULTI_SET`` names at once; the counter of each is its slot."""
+    from djlocks import db_locks
+
+    names, chooser = plan.names, random.Random(worker)
+    start.wait()
+    for _ in range(plan.iterations):
+        chosen = sorted(chooser.sample(range(len(names)), MULTI_SET))
+        taken = db_locks(
+            [names[index] for index in chosen],
+            ttl=plan.ttl,
+            backend=plan.backend,
+            label=f"stress worker {worker}",
+        )
+        with taken as grants:
+            held = [
+                (index, increment(workdir, index, plan.hold_ms), grants[names[index]].fence)
+                for index in chosen
+            ]
+        for index, interval, fence in held:
+            record_hold(workdir, worker, interval, fence, index)
 
 
 def _runlocked_worker(
@@ -175,36 +227,45 @@ def manage() -> None:
 def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> StressResult:
     """Apply the oracles to recorded believed-hold intervals (nanoseconds, monotonic)."""
     ordered = sorted(intervals, key=lambda interval: interval["start"])
-    events = sorted(
-        [(i["start"], 1) for i in ordered] + [(i["end"], -1) for i in ordered],
-        key=lambda event: (event[0], event[1]),
-    )
-    concurrent = max_concurrent = overlaps = 0
-    for _, step in events:
-        concurrent += step
-        if step == 1 and concurrent > plan.limit:
-            overlaps += 1
-        max_concurrent = max(max_concurrent, concurrent)
-    handoffs = []
-    if plan.limit == 1:
-        handoffs = [
-            (after["start"] - before["end"]) / 1e6
-            for before, after in itertools.pairwise(ordered)
-            if after["start"] >= before["end"]
-        ]
-    fences = [interval["fence"] for interval in ordered]
-    by_slot: dict[int, list[int]] = {}
+    # The intervals of each name: in mode "multi" a slot is a name of its own.
+    names: dict[int, list[dict[str, int]]] = {}
     for interval in ordered:
-        by_slot.setdefault(interval["slot"], []).append(interval["fence"])
-    # Holders of one slot follow each other, so their fences must rise in start
-    # order; across slots a fence is never handed out twice.
-    fences_increase = len(set(fences)) == len(fences) and all(
-        a < b for slot_fences in by_slot.values() for a, b in itertools.pairwise(slot_fences)
-    )
+        names.setdefault(interval["slot"] if plan.mode == "multi" else 0, []).append(interval)
+    overlaps = max_concurrent = 0
+    handoffs: list[float] = []
+    fences_increase = True
+    for held in names.values():
+        concurrent = 0
+        for _, step in sorted(
+            [(i["start"], 1) for i in held] + [(i["end"], -1) for i in held],
+            key=lambda event: (event[0], event[1]),
+        ):
+            concurrent += step
+            if step == 1 and concurrent > plan.limit:
+                overlaps += 1
+            max_concurrent = max(max_concurrent, concurrent)
+        if plan.limit == 1:
+            handoffs += [
+                (after["start"] - before["end"]) / 1e6
+                for before, after in itertools.pairwise(held)
+                if after["start"] >= before["end"]
+            ]
+        fences = [interval["fence"] for interval in held]
+        by_slot: dict[int, list[int]] = {}
+        for interval in held:
+            by_slot.setdefault(interval["slot"], []).append(interval["fence"])
+        # Holders of one slot follow each other, so their fences must rise in start
+        # order; across a name's slots a fence is never handed out twice.
+        fences_increase = fences_increase and len(set(fences)) == len(fences)
+        fences_increase = fences_increase and all(
+            a < b for slot_fences in by_slot.values() for a, b in itertools.pairwise(slot_fences)
+        )
     span = (ordered[-1]["end"] - ordered[0]["start"]) / 1e9 if ordered else 0.0
     completed = plan.processes * plan.iterations - plan.kill * (
         plan.iterations - plan.iterations // 2
     )
+    if plan.mode == "multi":
+        completed *= MULTI_SET
     return StressResult(
         backend=plan.backend,
         processes=plan.processes,
@@ -259,4 +320,10 @@ def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
         counter = sum(int(path.read_text() or 0) for path in Path(workdir).glob("counter-*"))
     result = analyse(plan, intervals, counter)
     result.errors.extend(errors)
+    if plan.mode == "multi":  # no set left half held: every name is free again
+        from djlocks.backends import backends
+
+        left = sorted({h.name for h in backends[plan.backend].holders() if h.name in plan.names})
+        if left:
+            result.errors.append(f"still held once every worker was done: {left}")
     return result

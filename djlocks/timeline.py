@@ -88,8 +88,8 @@ def timeline(
             f"{Kind(event.kind).label}: waited {event.waited:.3g} s, "
             f"{_who(event.host, event.pid, event.label)}",
         )
-        for event in _events(backend, name, start, ENDED_WAITS)
-        if event.waited is not None and event.waited >= SHORTEST_WAIT_DRAWN
+        for event in _events(backend, name, start, ENDED_WAITS, waited__gte=SHORTEST_WAIT_DRAWN)
+        if event.waited is not None
     ]
     lanes = max([limit, *(grant.lane + 1 for grant in grants)])
     return Timeline(start, end, lanes, grants, _stacked(waits))
@@ -122,9 +122,12 @@ def average_waiters(
         key: [(since, end) for since in live.get(key, ())] for key in names
     }
     ended = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"]).filter(
-        name__in={name for _, name in names}, at__gte=start, kind__in=ENDED_WAITS
+        name__in={name for _, name in names},
+        at__gte=start,
+        kind__in=ENDED_WAITS,
+        waited__gte=SHORTEST_WAIT_DRAWN,
     )
-    for backend, name, at, waited in ended.exclude(waited=None).values_list(
+    for backend, name, at, waited in ended.order_by("-at").values_list(
         "backend", "name", "at", "waited"
     )[:TIMELINE_EVENTS]:
         if (backend, name) in waits and waited is not None:
@@ -143,13 +146,15 @@ def average_waiters(
     return averages
 
 
-def _events(backend: str, name: str, since: datetime, kinds: Iterable[str]) -> list[LockEvent]:
-    """The name's events of ``kinds`` since ``since``, newest first (at most
-    ``TIMELINE_EVENTS``)."""
+def _events(
+    backend: str, name: str, since: datetime, kinds: Iterable[str], **more: object
+) -> list[LockEvent]:
+    """The name's events of ``kinds`` (and ``more`` conditions) since ``since``, newest
+    first: the last ``TIMELINE_EVENTS`` at most."""
     from djlocks.models import LockEvent
 
     rows = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"]).filter(
-        backend=backend, name=name, at__gte=since, kind__in=list(kinds)
+        backend=backend, name=name, at__gte=since, kind__in=list(kinds), **more
     )
     return list(rows.order_by("-at")[:TIMELINE_EVENTS])
 

@@ -35,6 +35,11 @@ class WrittenNames:
             at = self._at.get(name)
         return at is not None and time.monotonic() - at < RECHECK
 
+    def discard(self, name: Hashable) -> None:
+        """Forget ``name``: the store no longer has it."""
+        with self._guard:
+            self._at.pop(name, None)
+
     def add(self, name: Hashable) -> None:
         now = time.monotonic()
         with self._guard:

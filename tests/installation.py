@@ -289,6 +289,8 @@ def dashboard(python: str, site: Path, home: Path) -> None:
             time.sleep(0.3)
             browser.refresh()
         browser.save_screenshot(str(home / "dashboard.png"))
+        sparklines = browser.find_elements(By.CSS_SELECTOR, "td svg.djlocks-chart")
+        assert sparklines and sparklines[0].size["height"] > 10, "no sparkline drawn"
         browser.find_element(By.LINK_TEXT, HELD).click()
         holder = browser.find_element(By.TAG_NAME, "body").text
         assert LABEL in holder and "runlocked" in holder, f"no holder shown:\n{holder}"
@@ -298,6 +300,9 @@ def dashboard(python: str, site: Path, home: Path) -> None:
         stylesheet = next(href for href in sheets if href.endswith("djlocks/dashboard.css"))
         with urllib.request.urlopen(stylesheet, timeout=10) as response:
             assert response.status == 200 and response.read(), stylesheet
+        timeline = browser.find_element(By.CSS_SELECTOR, "svg.djlocks-chart")
+        assert timeline.size["width"] > 500 and timeline.size["height"] > 40, timeline.size
+        assert "slot 0" in timeline.text, f"the timeline has no lane:\n{timeline.text}"
         browser.save_screenshot(str(home / "dashboard-name.png"))
         print(f"dashboard: {HELD} held by {LABEL!r}, {stylesheet} served; screenshots in {home}")
     finally:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import select
+import signal
+import subprocess
 import time
 from datetime import timedelta
 from io import StringIO
@@ -13,6 +16,7 @@ from django.utils import timezone
 
 from djlocks import Lock, LockLost, Semaphore
 from djlocks.backends import backends
+from djlocks.management.commands.djlocks import SWEEP_LOCK
 from djlocks.models import LeaseWaiter
 from djlocks.signals import lock_lost
 from tests.processes import finished, manage
@@ -120,6 +124,28 @@ def test_sweep_removes_expired_grants_and_dead_waiters() -> None:
     with pytest.raises(LockLost):
         grant.release()
     assert "default: 0 expired grants, 0 dead waiters" in djlocks("sweep").splitlines()
+
+
+def test_a_periodic_sweep_sweeps_again_and_again_while_its_lock_is_free() -> None:
+    with pytest.raises(CommandError, match="more than 0"):
+        djlocks("sweep", "--every", "0")
+    another = Lock(SWEEP_LOCK, ttl=30)
+    assert another.acquire(timeout=0)
+    sweeper = manage("djlocks", "sweep", "--every", "0.2", stdout=subprocess.PIPE)
+    try:
+        assert sweeper.stdout is not None
+        ready, _, _ = select.select([sweeper.stdout], [], [], 1.5)
+        assert not ready, "it swept while another process held the sweep's lock"
+        another.release()
+        sweeps = 0
+        for line in sweeper.stdout:
+            sweeps += line.startswith("history:")
+            if sweeps == 2:
+                break
+        assert sweeps == 2
+    finally:
+        sweeper.send_signal(signal.SIGINT)  # Ctrl-C: a sweep under way releases its lock
+        sweeper.communicate(timeout=30)
 
 
 def test_django_s_common_options_may_follow_the_subcommand() -> None:

@@ -250,15 +250,12 @@ class LeaseClaims(LeaseStore):
         """Insert a new name's slot rows, their fence at the store's clock in
         microseconds (``first_fence``): a name that a sweep removed starts above
         every fence it had."""
-        row = f"(%s, %s, %s, %s, {self.dialect.first_fence}, '', '', '')"
-        cursor.execute(
+        cursor.execute(f"SELECT {self.dialect.first_fence}", ())
+        fence = int(cursor.fetchone()[0])
+        cursor.executemany(
             f"INSERT INTO {SLOTS} (name_key, name, slot, slot_limit, fence, host, thread, label) "
-            f"VALUES {', '.join([row] * request.limit)}",
-            [
-                value
-                for slot in range(request.limit)
-                for value in (key, request.name, slot, request.limit)
-            ],
+            f"VALUES (%s, %s, %s, %s, %s, '', '', '')",
+            [(key, request.name, slot, request.limit, fence) for slot in range(request.limit)],
         )
 
     def _reshape(

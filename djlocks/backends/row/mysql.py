@@ -37,7 +37,7 @@ from django.db import DatabaseError, connections, transaction
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.described import describe, queue_order
 from djlocks.backends.row.dialect import ROW_GATE, Claim
-from djlocks.backends.row.server import ServerRowDialect
+from djlocks.backends.row.server import RowsMissing, ServerRowDialect
 from djlocks.backends.sql import mysql
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
 from djlocks.keys import mysql_key, table_key
@@ -98,7 +98,9 @@ class MySQLRows(ServerRowDialect):
             self._failed_wait(exc)
             return None
         cursor.execute("SET SESSION innodb_lock_wait_timeout = @djlocks_wait")
-        return None if row is None else Claim(*row)
+        if row is None:
+            raise RowsMissing
+        return Claim(*row)
 
     def _failed_wait(self, exc: DatabaseError) -> None:
         """Return quietly for a time-out or a cancel; raise for anything else."""
@@ -113,6 +115,12 @@ class MySQLRows(ServerRowDialect):
         raise BackendUnavailable(f"djlocks backend {self.alias!r} failed: {exc}") from exc
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
+        cursor.execute(
+            "SELECT count(*) FROM djlocks_row_lock WHERE name_key = %s",
+            (table_key(request.name),),
+        )
+        if cursor.fetchone()[0] < request.limit:
+            raise RowsMissing
         gate = mysql_key(request.name, ROW_GATE)
         return bool(mysql.get_lock(cursor, gate, seconds, describe(request)))
 

@@ -30,7 +30,7 @@ from django.db import DatabaseError, connections
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.described import describe, queue_order
 from djlocks.backends.row.dialect import ROW_GATE, Claim
-from djlocks.backends.row.server import ServerRowDialect
+from djlocks.backends.row.server import RowsMissing, ServerRowDialect
 from djlocks.backends.sql import postgresql
 from djlocks.backends.sql.postgresql import ADVISORY_WAITING, LOCK_KEY
 from djlocks.exceptions import BackendUnavailable, LockDeadlock
@@ -71,11 +71,23 @@ class PostgreSQLRows(ServerRowDialect):
         )
         if rows is None:
             return None
-        if not rows:
-            raise _invisible(request)
+        if not rows:  # the wait's settings may be set: back to the session's own
+            cursor.execute(
+                "SELECT set_config(name, reset_val, true) FROM pg_settings "
+                "WHERE name IN ('lock_timeout', 'application_name')"
+            )
+            raise RowsMissing
         slot, pid, old_timeout, old_name = rows[0]
         _restore(cursor, old_timeout, old_name)
         return Claim(slot, pid)
+
+    def _rows_unseen(self, request: AcquireRequest) -> BackendUnavailable:
+        return BackendUnavailable(
+            f"{request.name!r}: the row lock's rows were created after this transaction's "
+            f"snapshot (REPEATABLE READ or SERIALIZABLE), so it cannot see them. Take the "
+            f"lock before the transaction's first query, or once in any transaction "
+            f"beforehand."
+        )
 
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
         cursor.execute(
@@ -83,7 +95,7 @@ class PostgreSQLRows(ServerRowDialect):
             (table_key(request.name),),
         )
         if cursor.fetchone()[0] < request.limit:
-            raise _invisible(request)
+            raise RowsMissing
         rows = self._in_savepoint(
             cursor,
             f"SELECT s.old_timeout, s.old_name, pg_advisory_lock(%s) FROM {WAIT_SETTINGS}",
@@ -173,12 +185,4 @@ def _restore(cursor: Any, old_timeout: str, old_name: str) -> None:
     cursor.execute(
         "SELECT set_config('lock_timeout', %s, true), set_config('application_name', %s, true)",
         (old_timeout, old_name),
-    )
-
-
-def _invisible(request: AcquireRequest) -> BackendUnavailable:
-    return BackendUnavailable(
-        f"{request.name!r}: the row lock's rows were created after this transaction's "
-        f"snapshot (REPEATABLE READ or SERIALIZABLE), so it cannot see them. Take the lock "
-        f"before the transaction's first query, or once in any transaction beforehand."
     )

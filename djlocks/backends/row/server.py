@@ -21,12 +21,18 @@ from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
 from djlocks.backends.server_records import ROW_TABLES, known_names, record_grant, register_name
 from djlocks.backends.waiting import Abort, poll_with_backoff, seconds_left
+from djlocks.exceptions import BackendUnavailable
 from djlocks.keys import table_key
 from djlocks.written import WrittenNames
 
 if TYPE_CHECKING:
     from djlocks.backends.row.backend import RowLockBackend
     from djlocks.backends.row.transaction import OwnTransaction
+
+
+class RowsMissing(Exception):
+    """The name's lockable rows are not there: a sweep removed them idle
+    (``djlocks.backends.idle``) after this process had created them."""
 
 
 class ServerRowDialect(RowDialect):
@@ -52,10 +58,14 @@ class ServerRowDialect(RowDialect):
         Slots in ``taken`` are skipped too (this transaction's own, see ``RowLockBackend``).
         """
         skipped = "".join(f" AND slot <> {int(slot)}" for slot in sorted(taken))
+        # A lock's one row by equality: a range scan on InnoDB also locks the next
+        # record of the index, another name's row, which then looks busy (and two
+        # holders of several names could deadlock on it).
+        slots = "slot = 0" if request.limit == 1 else "slot < %s"
         cursor.execute(
             f"SELECT slot, {self.CONNECTION_ID} FROM djlocks_row_lock WHERE name_key = %s "
-            f"AND slot < %s{skipped} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
-            (table_key(request.name), request.limit),
+            f"AND {slots}{skipped} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+            (table_key(request.name), *(() if request.limit == 1 else (request.limit,))),
         )
         row = cursor.fetchone()
         return None if row is None else Claim(*row)
@@ -64,11 +74,13 @@ class ServerRowDialect(RowDialect):
     def _wait_for_slot(
         self, cursor: Any, request: AcquireRequest, slot: int, seconds: float | None
     ) -> Claim | None:
-        """Wait in the server up to ``seconds`` (``None``: forever) for the row of ``slot``."""
+        """Wait in the server up to ``seconds`` (``None``: forever) for the row of ``slot``;
+        ``RowsMissing`` if the row is not there."""
 
     @abstractmethod
     def _take_gate(self, cursor: Any, request: AcquireRequest, seconds: float | None) -> bool:
-        """Wait in the server for the name's gate, a session-level named lock."""
+        """Wait in the server for the name's gate, a session-level named lock;
+        ``RowsMissing`` if the name has fewer rows than its limit."""
 
     @abstractmethod
     def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None: ...
@@ -97,6 +109,27 @@ class ServerRowDialect(RowDialect):
         self._create_once(request)
         if own is not None:
             own.begin()
+        try:
+            return self._claim(request, deadline, abort, taken)
+        except RowsMissing:
+            # A sweep removed the name's rows (djlocks sweep --idle-names) after this
+            # process created them: create them again, and try once more.
+            self._created.discard((table_key(request.name), request.limit))
+            self._create_once(request)
+            try:
+                return self._claim(request, deadline, abort, taken)
+            except RowsMissing:
+                raise self._rows_unseen(request) from None
+
+    def _claim(
+        self,
+        request: AcquireRequest,
+        deadline: float | None,
+        abort: Abort | None,
+        taken: frozenset[int],
+    ) -> Claim | None:
+        """Take a slot in the caller's transaction; ``RowsMissing`` if the name's rows
+        are not there."""
         with connections[self.using].cursor() as cursor:
             claim = self._try_slots(cursor, request, taken)
             if claim is not None or seconds_left(deadline) == 0:
@@ -107,6 +140,13 @@ class ServerRowDialect(RowDialect):
                 else:
                     claim = self._poll_behind_gate(cursor, request, deadline, abort, taken)
             return None if cancelled() else claim
+
+    def _rows_unseen(self, request: AcquireRequest) -> BackendUnavailable:
+        """The error for rows that this transaction still cannot see once created again."""
+        return BackendUnavailable(
+            f"{request.name!r}: the row lock's rows were created again, and this "
+            f"transaction still cannot see them."
+        )
 
     def _poll_behind_gate(
         self,

@@ -45,11 +45,12 @@ LEASE = LeaseDialect(
 
 
 def register_name(cursor: Any, tables: RecordTables, params: Sequence[object]) -> None:
-    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new)."""
+    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new),
+    marked used now: a sweep keeps it for the idle time at least."""
     cursor.execute(
         f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
         f"VALUES (%s, %s, %s, {FIRST_FENCE}, UTC_TIMESTAMP(6)) "
-        f"ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit)",
+        f"ON DUPLICATE KEY UPDATE slot_limit = VALUES(slot_limit), used_at = VALUES(used_at)",
         params,
     )
 

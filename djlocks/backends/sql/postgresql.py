@@ -119,11 +119,12 @@ def unlisten(channel: str) -> str:
 
 
 def register_name(cursor: Any, tables: RecordTables, params: Sequence[object]) -> None:
-    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new)."""
+    """Make sure the name (key, name, limit) has a fence row (``FIRST_FENCE`` if new),
+    marked used now: a sweep keeps it for the idle time at least."""
     cursor.execute(
         f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
         f"VALUES (%s, %s, %s, {FIRST_FENCE}, statement_timestamp()) ON CONFLICT (name_key) "
-        f"DO UPDATE SET slot_limit = EXCLUDED.slot_limit",
+        f"DO UPDATE SET slot_limit = EXCLUDED.slot_limit, used_at = EXCLUDED.used_at",
         params,
     )
 

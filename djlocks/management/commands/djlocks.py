@@ -12,6 +12,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
+from djlocks import Lock
 from djlocks.arguments import normalize_idle_names, printable, validate_name, validate_text
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
@@ -28,9 +29,12 @@ from djlocks.inspection import (
 from djlocks.keys import GATE, table_key
 from djlocks.metrics import exposition
 from djlocks.runlocked import EXIT_UNAVAILABLE
-from djlocks.stress import StressPlan, run_stress
+from djlocks.stress import MODES as STRESS_MODES
+from djlocks.stress import MULTI_NAMES, MULTI_SET, StressPlan, run_stress
 
 USAGE_ERROR = 2
+#: The lock a periodic sweep (``sweep --every``) holds while it sweeps.
+SWEEP_LOCK = "djlocks:sweep"
 #: Seconds between looks at the store while a graceful release waits for the holders.
 GRACEFUL_POLL = 0.1
 #: Options every management command takes; accepted after the subcommand too.
@@ -129,6 +133,15 @@ class Command(BaseCommand):
             "last granted more than S seconds ago (at least 120; default: the setting "
             "SWEEP_IDLE_NAMES, else keep every name).",
         )
+        sweeping.add_argument(
+            "--every",
+            type=float,
+            default=None,
+            metavar="S",
+            help="Sweep again every S seconds until stopped (SIGTERM, Ctrl-C), for a "
+            "service or a container beside the app. Each sweep holds the lock "
+            f"{SWEEP_LOCK!r} on the default backend: one process sweeps at a time.",
+        )
         subcommands.add_parser(
             "metrics",
             help="The Prometheus metrics in the text format: every process's where "
@@ -147,6 +160,13 @@ class Command(BaseCommand):
         stress.add_argument("--hold-ms", type=float, default=0.0)
         stress.add_argument("--ttl", type=float, default=30.0)
         stress.add_argument("--timeout", type=float, default=600.0, help="Seconds for the run.")
+        stress.add_argument(
+            "--mode",
+            choices=list(STRESS_MODES),
+            default="lock",
+            help="lock: one name (a semaphore with --limit); multi: each iteration takes "
+            f"{MULTI_SET} of {MULTI_NAMES} names together (db_locks).",
+        )
         stress.add_argument(
             "--via",
             choices=["api", "runlocked"],
@@ -358,15 +378,31 @@ class Command(BaseCommand):
 
     # -- sweep ---------------------------------------------------------------
 
-    def sweep(self, *, idle_names: float | None, **unused: Any) -> None:
+    def sweep(self, *, idle_names: float | None, every: float | None, **unused: Any) -> None:
         try:
             idle = normalize_idle_names(
                 djlocks_settings()["SWEEP_IDLE_NAMES"] if idle_names is None else idle_names
             )
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise CommandError(f"--idle-names: {exc}", returncode=USAGE_ERROR) from exc
+        if every is None:
+            self._sweep_once(idle)
+            return
+        if not every > 0:
+            raise CommandError("--every must be more than 0 seconds.", returncode=USAGE_ERROR)
+        lock = Lock(SWEEP_LOCK, label="djlocks sweep --every")
+        while True:
+            if lock.acquire(timeout=0):
+                try:
+                    self._sweep_once(idle)
+                finally:
+                    lock.release()
+            time.sleep(every)
+
+    def _sweep_once(self, idle: float | None) -> None:
         for alias in backends.aliases():
-            removed = backends[alias].sweep(idle)
+            store = backends[alias]
+            removed = store.sweep() if idle is None else store.sweep(idle_names=idle)
             summary = ", ".join(f"{count} {kind}" for kind, count in removed.items())
             self.stdout.write(f"{alias}: {summary or 'nothing to sweep'}")
         self.stdout.write(f"history: {events.sweep()} event(s) past the retention deleted")
@@ -384,6 +420,7 @@ class Command(BaseCommand):
         ttl: float,
         timeout: float,
         via: str,
+        mode: str,
         as_json: bool,
         **unused: Any,
     ) -> None:
@@ -392,8 +429,10 @@ class Command(BaseCommand):
                 "--processes, --iterations and --limit must be at least 1.",
                 returncode=USAGE_ERROR,
             )
-        plan = StressPlan(backend, processes, iterations, limit, hold_ms, ttl, via=via)
+        plan = StressPlan(backend, processes, iterations, limit, hold_ms, ttl, via=via, mode=mode)
         kind = "lock" if limit == 1 else f"semaphore (limit {limit})"
+        if mode == "multi":
+            kind = f"{MULTI_SET} of {MULTI_NAMES} names at once (db_locks)"
         through = " through runlocked" if via == "runlocked" else ""
         self.stdout.write(
             f"Strength test of a {kind}{through} on backend {backend!r}: "
