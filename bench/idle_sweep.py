@@ -49,8 +49,8 @@ PROCESSES = 4
 #: New interpreters, not forks: a fork would share (and close) this one's connections.
 SPAWN = multiprocessing.get_context("spawn")
 #: Seconds between the last of the old names' grants and the first recent one; the
-#: sweep removes names idle for longer than IDLE.
-GAP, IDLE = 4.0, 2.5
+#: sweep removes the names idle since the middle of that gap.
+GAP = 4.0
 #: The tables of each store family (rows counted before and after).
 TABLES = {
     "LeaseBackend": ["djlocks.LeaseSlot", "djlocks.LeaseWaiter"],
@@ -107,12 +107,14 @@ def measure(alias: str, client: Client) -> dict[str, Any]:
     names = NAMES if type(backend).__name__ in ("LeaseBackend", "RedisBackend") else FEWER
     before = size(alias)
     rate = take_in_processes(alias, prefix, names)
+    old_done = time.monotonic()
     time.sleep(GAP)
     take_in_processes(alias, f"{prefix}recent:", RECENT)
     filled = size(alias)
     dashboard_filled = overview_seconds(client)
     began = time.perf_counter()
-    swept = backend.sweep(idle_names=IDLE).get("idle names", 0)
+    idle = time.monotonic() - old_done - GAP / 2  # the old names, not the recent ones
+    swept = backend.sweep(idle_names=idle).get("idle names", 0)
     sweep_s = time.perf_counter() - began
     after = size(alias)
     dashboard_after = overview_seconds(client)

@@ -118,9 +118,9 @@ def render_idle_sweep(runs: list[dict[str, Any]]) -> list[str]:
     lines = section(
         "Sweeping idle names",
         "Distinct names taken and released once each by 4 processes; a few seconds later "
-        "1,000 more; then `sweep(idle_names=2.5)` removes the first set and keeps the recent "
-        "one. Rows (keys on Redis) of the store's tables; the dashboard overview's time "
-        "with every name, then with what is left.",
+        "1,000 more; then `sweep(idle_names=...)`, its idle time ending mid-gap, removes the "
+        "first set and keeps the recent one. Rows (keys on Redis) of the store's tables; "
+        "the dashboard overview's time with every name, then with what is left.",
         "| database | backend | names | first use | rows before / filled / after "
         "| sweep | dashboard filled / after |",
         "|---|---|---:|---:|---|---:|---|",
