@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from argparse import SUPPRESS, ArgumentParser
 from collections.abc import Sequence
@@ -390,14 +392,19 @@ class Command(BaseCommand):
             return
         if not every > 0:
             raise CommandError("--every must be more than 0 seconds.", returncode=USAGE_ERROR)
+        # SIGTERM (a service manager) or Ctrl-C ends the loop between sweeps: one under
+        # way finishes and releases its lock, so the next process need not wait for it.
+        stopping = threading.Event()
+        for stop in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(stop, lambda signum, frame: stopping.set())
         lock = Lock(SWEEP_LOCK, label="djlocks sweep --every")
-        while True:
+        while not stopping.is_set():
             if lock.acquire(timeout=0):
                 try:
                     self._sweep_once(idle)
                 finally:
                     lock.release()
-            time.sleep(every)
+            stopping.wait(every)
 
     def _sweep_once(self, idle: float | None) -> None:
         for alias in backends.aliases():
