@@ -40,6 +40,7 @@ from djlocks.identity import current_identity
 acquire_log = logging.getLogger("djlocks.acquire")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 _USE_SPEC: Any = object()  # "use the timeout given to the spec"
 LostCallback = Callable[[Grant, str], None]
 #: What a decorated call does when the lock is not granted in time.
@@ -67,6 +68,19 @@ def _holder_key() -> tuple[int, int]:
     except RuntimeError:
         task = None
     return threading.get_ident(), id(task)
+
+
+def pop_held(held: dict[tuple[int, int], list[T]], guard: ForkSafeLock, owner: object) -> T:
+    """What this thread or task filed last in ``held`` (by ``_holder_key``), taken out;
+    ``NotHeld`` naming ``owner`` if it filed nothing."""
+    with guard:
+        stack = held.get(_holder_key())
+        if not stack:
+            raise NotHeld(f"{owner!r} is not held by this thread or task.")
+        item = stack.pop()
+        if not stack:
+            del held[_holder_key()]
+        return item
 
 
 class Lock:
@@ -378,14 +392,7 @@ class Lock:
             self._held.setdefault(_holder_key(), []).append(grant)
 
     def _pop_current(self) -> Grant:
-        with self._held_guard:
-            stack = self._held.get(_holder_key())
-            if not stack:
-                raise NotHeld(f"{self!r} is not held by this thread or task.")
-            grant = stack.pop()
-            if not stack:
-                del self._held[_holder_key()]
-            return grant
+        return pop_held(self._held, self._held_guard, self)
 
     # -- decorator -----------------------------------------------------------
 

@@ -13,17 +13,15 @@ gets a ``Grant`` of its own, with its own fence.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from djlocks.arguments import normalize_timeout, validate_name
-from djlocks.core import Lock, _holder_key
-from djlocks.exceptions import LockLost, NotAcquired, NotHeld
+from djlocks.core import _USE_SPEC, Lock, _holder_key, pop_held
+from djlocks.exceptions import LockLost, NotAcquired
+from djlocks.forksafe import ForkSafeLock
 from djlocks.grant import ExcInfo, Grant
-
-_USE_SPEC: Any = object()
 
 
 class Locks:
@@ -49,7 +47,7 @@ class Locks:
         self.timeout = normalize_timeout(timeout)
         self._locks = [Lock(name, **options) for name in unique]
         self._held: dict[tuple[int, int], list[list[Grant]]] = {}
-        self._held_guard = threading.Lock()
+        self._held_guard = ForkSafeLock()
 
     @property
     def names(self) -> list[str]:
@@ -110,14 +108,7 @@ class Locks:
         _end_all(self._pop_current(), exc_info)
 
     def _pop_current(self) -> list[Grant]:
-        with self._held_guard:
-            stack = self._held.get(_holder_key())
-            if not stack:
-                raise NotHeld(f"{self!r} is not held by this thread or task.")
-            grants = stack.pop()
-            if not stack:
-                del self._held[_holder_key()]
-            return grants
+        return pop_held(self._held, self._held_guard, self)
 
 
 def db_locks(names: Iterable[str], **options: Any) -> Locks:
