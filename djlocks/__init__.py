@@ -13,6 +13,7 @@ from djlocks.exceptions import (
     ReleaseRequested,
 )
 from djlocks.grant import Grant
+from djlocks.leadership import Leadership, NotLeader, leadership
 from djlocks.many import Locks, db_locks
 
 #: The one place the version is written; the package metadata reads it from here.
@@ -22,6 +23,7 @@ __all__ = [
     "AlreadyHeld",
     "BackendUnavailable",
     "Grant",
+    "Leadership",
     "Lock",
     "LockDeadlock",
     "LockError",
@@ -29,10 +31,12 @@ __all__ = [
     "Locks",
     "NotAcquired",
     "NotHeld",
+    "NotLeader",
     "ReleaseRequested",
     "Semaphore",
     "__version__",
     "db_lock",
     "db_locks",
     "db_semaphore",
+    "leadership",
 ]

@@ -31,7 +31,15 @@ from djlocks.arguments import validate_name
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.charts import histogram_svg, sparkline_svg, timeline_svg
-from djlocks.dashboard import SORTS, STATES, NameSummary, overview, select
+from djlocks.dashboard import (
+    SORTS,
+    STATES,
+    LeadershipSummary,
+    NameSummary,
+    Overview,
+    overview,
+    select,
+)
 from djlocks.events import events, recent_events, statistics
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import (
@@ -160,13 +168,14 @@ class DashboardAdmin(ReadOnlyAdmin):
     # -- the overview ---------------------------------------------------------
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        page, query, unavailable = self._overview_page(request)
-        _warn_unavailable(request, unavailable)
+        page, query, found = self._overview_page(request)
+        _warn_unavailable(request, found.unavailable)
         now = timezone.now()
         context = {
             **self._context(request, "Locks and semaphores"),
             "page": page,
             "rows": self._overview_rows(page, now),
+            "leaderships": _leadership_rows(found.leaderships, now),
             "query": query,
             "sorts": {key: _sort_link(query, key) for key in SORTS},
             "page_links": [
@@ -182,7 +191,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/djlocks/dashboard/overview.html", context)
 
     def overview_json(self, request: HttpRequest) -> JsonResponse:
-        page, _, unavailable = self._overview_page(request)
+        page, _, found = self._overview_page(request)
         now = timezone.now()
         return JsonResponse(
             {
@@ -191,14 +200,13 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "page": page.number,
                 "pages": page.paginator.num_pages,
                 "rows": self._overview_rows(page, now),
-                "unavailable": unavailable,
+                "leaderships": _leadership_rows(found.leaderships, now),
+                "unavailable": found.unavailable,
             }
         )
 
-    def _overview_page(
-        self, request: HttpRequest
-    ) -> tuple[Page[Any], dict[str, str], dict[str, str]]:
-        """A page of the overview, its query, and the backends that could not be asked."""
+    def _overview_page(self, request: HttpRequest) -> tuple[Page[Any], dict[str, str], Overview]:
+        """A page of the overview's names, its query, and what the stores answered."""
         self._require(request, self.has_view_permission(request))
         query = {
             key: request.GET[key].strip()
@@ -208,16 +216,16 @@ class DashboardAdmin(ReadOnlyAdmin):
         backend = query.get("backend")
         if backend is not None and backend not in backends.aliases():
             raise Http404(f"No djlocks backend is configured under the alias {backend!r}.")
-        found, unavailable = overview(backend)
+        found = overview(backend)
         rows = select(
-            found,
+            found.names,
             now=timezone.now(),
             search=query.get("q", ""),
             state=query.get("state", ""),
             order=query.get("o", "name"),
         )
         page = Paginator(rows, PAGE_SIZE).get_page(request.GET.get("page"))
-        return page, query, unavailable
+        return page, query, found
 
     def _overview_rows(self, page: Page[Any], now: datetime) -> list[dict[str, Any]]:
         """The page's rows, each with its link and a sparkline of its waiters over the
@@ -525,6 +533,14 @@ def _limit(backend: str, name: str, holders: list[HolderInfo]) -> int | None:
     if holders:
         return holders[0].limit
     return dict(backends[backend].names()).get(name)
+
+
+def _leadership_rows(found: list[LeadershipSummary], now: datetime) -> list[dict[str, Any]]:
+    """The overview's leaderships, each linked to its lock's page."""
+    return [
+        {**summary.as_json(now), "url": _name_url(summary.backend, summary.lock_name)}
+        for summary in found
+    ]
 
 
 def _warn_unavailable(request: HttpRequest, unavailable: dict[str, str]) -> None:

@@ -16,8 +16,10 @@ from typing import Any
 from django.utils import timezone
 
 from djlocks.backends import backends
+from djlocks.backends.base import HolderInfo, WaiterInfo
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import Snapshot, snapshot
+from djlocks.leadership import elected_name
 from djlocks.stuck import Place, stuck_holders
 
 #: A lease whose expiry is this many seconds away, or past, counts as expiring.
@@ -107,6 +109,59 @@ class NameSummary:
         }
 
 
+@dataclass
+class LeadershipSummary:
+    """One leadership (``djlocks.leadership``) on one backend: its leader and standbys."""
+
+    backend: str
+    name: str  # the leadership's own name
+    lock_name: str  # the lock it is held by
+    leader: HolderInfo | None = None
+    standbys: list[WaiterInfo] = field(default_factory=list)
+
+    def as_json(self, now: datetime) -> dict[str, Any]:
+        leader = self.leader
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "leader": None
+            if leader is None
+            else f"{leader.host} pid {leader.pid} ({leader.label})",
+            "term": None if leader is None else leader.fence,
+            "since": None if leader is None else leader.since,
+            "leading_for": None if leader is None else (now - leader.since).total_seconds(),
+            "expires_in": (
+                None
+                if leader is None or leader.expires_at is None
+                else (leader.expires_at - now).total_seconds()
+            ),
+            "standbys": len(self.standbys),
+            "standby_hosts": [f"{w.host} pid {w.pid} ({w.label})" for w in self.standbys],
+        }
+
+
+def leaderships(found: Snapshot, known: Collection[tuple[str, str]]) -> list[LeadershipSummary]:
+    """The leaderships among the names of ``found`` and ``known`` (backend, lock name
+    pairs), by leadership name."""
+    rows: dict[tuple[str, str], LeadershipSummary] = {}
+
+    def row(backend: str, lock_name: str) -> LeadershipSummary | None:
+        name = elected_name(lock_name)
+        if name is None:
+            return None
+        return rows.setdefault((backend, lock_name), LeadershipSummary(backend, name, lock_name))
+
+    for backend, lock_name in known:
+        row(backend, lock_name)
+    for holder in found.holders:
+        if (summary := row(holder.backend, holder.name)) is not None:
+            summary.leader = holder
+    for waiter in found.waiters:
+        if (summary := row(waiter.backend, waiter.name)) is not None:
+            summary.standbys.append(waiter)
+    return sorted(rows.values(), key=lambda summary: (summary.name, summary.backend))
+
+
 def summaries(
     found: Snapshot, known: Mapping[tuple[str, str], int], stuck: Collection[Place] = ()
 ) -> list[NameSummary]:
@@ -141,9 +196,18 @@ def summaries(
     return list(rows.values())
 
 
-def overview(backend: str | None = None) -> tuple[list[NameSummary], dict[str, str]]:
-    """Every name of every backend (or of ``backend``), as the stores answer now; and the
-    backends that could not be asked, with the reason."""
+@dataclass
+class Overview:
+    """What the stores answered for the overview page."""
+
+    names: list[NameSummary]  # every name that is not a leadership's
+    leaderships: list[LeadershipSummary]
+    unavailable: dict[str, str]  # the backends that could not be asked, with the reason
+
+
+def overview(backend: str | None = None) -> Overview:
+    """Every name and leadership of every backend (or of ``backend``), as the stores
+    answer now."""
     found = snapshot(backend=backend)
     known = {}
     for alias in [backend] if backend else backends.aliases():
@@ -153,7 +217,12 @@ def overview(backend: str | None = None) -> tuple[list[NameSummary], dict[str, s
             known.update({(alias, name): limit for name, limit in backends[alias].names()})
         except BackendUnavailable as exc:
             found.unavailable[alias] = str(exc)
-    return summaries(found, known, stuck_holders(found.holders, timezone.now())), found.unavailable
+    rows = summaries(found, known, stuck_holders(found.holders, timezone.now()))
+    return Overview(
+        names=[row for row in rows if elected_name(row.name) is None],
+        leaderships=leaderships(found, known),
+        unavailable=found.unavailable,
+    )
 
 
 def select(

@@ -46,6 +46,7 @@ from djlocks.exceptions import BackendUnavailable, LockLost
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import default_label
+from djlocks.leadership import election_name
 
 #: Exit status when the lock was not acquired (EX_TEMPFAIL); ``--conflict-exit-code`` changes it.
 EXIT_CONFLICT = 75
@@ -79,8 +80,16 @@ class RunLockedPlan:
     conflict_exit_code: int = EXIT_CONFLICT
     kill_after: float = 10.0
     verbosity: int = 1
+    #: Hot standby: campaign for the leadership of ``name`` (``djlocks.leadership``), run
+    #: the command while leading, and stand by again when deposed.
+    standby: bool = False
 
     def __post_init__(self) -> None:
+        if self.standby and (self.limit != 1 or self.timeout is not None or self.cooldown):
+            raise ValueError(
+                "--standby waits to lead for as long as it takes, one leader at a time: "
+                "leave out --limit, --timeout, --nonblock and --cooldown."
+            )
         if not self.command:
             raise ValueError("Give the command to run after --, e.g. runlocked NAME -- true.")
         for position, argument in enumerate(self.command):
@@ -112,6 +121,8 @@ class RunLockedPlan:
             "renew": False,
             "on_lost": on_lost,
         }
+        if self.standby:
+            return Lock(election_name(self.name), **options)
         if self.limit == 1:
             return Lock(self.name, **options)
         return Semaphore(self.name, limit=self.limit, **options)
@@ -208,14 +219,25 @@ class Supervisor:
         """
         try:
             with self._signals_routed():
-                grant = self._acquire()
-                if grant is None:
-                    if self._pending_signal is not None:
-                        return 128 + self._pending_signal
-                    return self.plan.conflict_exit_code
-                return self._run_command(grant)
+                while True:
+                    grant = self._acquire()
+                    if grant is None:
+                        if self._pending_signal is not None:
+                            return 128 + self._pending_signal
+                        return self.plan.conflict_exit_code
+                    status = self._run_command(grant)
+                    if not self._stands_by_again():
+                        return status
         finally:
             self._wakeup.close()
+
+    def _stands_by_again(self) -> bool:
+        """With ``--standby``, a deposed leader (its command stopped) campaigns again."""
+        if not self.plan.standby or self._lost is None or self._pending_signal is not None:
+            return False
+        self._say(f"standing by again for {self._what()}")
+        self._lost, self._child = None, None
+        return True
 
     # -- signals -------------------------------------------------------------
 
@@ -294,6 +316,8 @@ class Supervisor:
             "DJLOCKS_SLOT": str(grant.slot),
             "DJLOCKS_FENCE": str(grant.fence),
         }
+        if self.plan.standby:
+            environment["DJLOCKS_TERM"] = str(grant.fence)
         try:
             self._child = subprocess.Popen(
                 self.plan.command,
@@ -384,12 +408,14 @@ class Supervisor:
     # -- messages ------------------------------------------------------------
 
     def _what(self) -> str:
+        if self.plan.standby:
+            return f"the leadership of {self.plan.name!r}"
         if self.plan.limit == 1:
             return f"lock {self.plan.name!r}"
         return f"a slot of {self.plan.name!r} (limit {self.plan.limit})"
 
     def _holders(self) -> str:
-        holders = self.spec.backend.holders(self.plan.name)
+        holders = self.spec.backend.holders(self.spec.name)
         if not holders:
             return "nobody (it is in a cool-down or others wait ahead)"
         return "; ".join(

@@ -16,6 +16,11 @@ in a loop, and that small program does the increment under the lock.
 increments each one's counter. The oracles hold per name (one holder at a time,
 no lost update, rising fences), every set taken in full, and the store holds
 none of the names once the workers are done.
+
+``mode="leader"`` tests leader election (``djlocks.leadership``): each
+iteration campaigns, leads for one increment with the term as its fence, and
+steps down. The oracles: one leader at a time (no overlap, no lost update), never
+two leaders in one term, terms rising, and nobody leading once the workers are done.
 """
 
 from __future__ import annotations
@@ -34,12 +39,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djlocks.leadership import election_name
 from djlocks.percentiles import percentile
 from djlocks.stress_increment import increment, record_hold
 
 #: ``mode="multi"``: how many names the workers share, and how many each takes at once.
 MULTI_NAMES, MULTI_SET = 4, 2
-MODES = ("lock", "multi")
+MODES = ("lock", "multi", "leader")
 
 
 @dataclass(frozen=True)
@@ -66,12 +72,16 @@ class StressPlan:
             raise ValueError(
                 "mode 'multi' takes locks (limit 1) through the API, and kills no holder."
             )
+        if self.mode == "leader" and (self.limit != 1 or self.via != "api"):
+            raise ValueError("mode 'leader' elects one leader (limit 1) through the API.")
 
     @property
     def names(self) -> list[str]:
         """The names the workers take: one, or ``MULTI_NAMES`` in mode ``multi``."""
         if self.mode == "multi":
             return [f"{self.name}:{index}" for index in range(MULTI_NAMES)]
+        if self.mode == "leader":
+            return [election_name(self.name)]
         return [self.name]
 
 
@@ -124,6 +134,9 @@ def _worker(
     if plan.mode == "multi":
         _take_sets(plan, worker, workdir, start)
         return
+    if plan.mode == "leader":
+        _lead_in_turns(plan, worker, workdir, start, victim)
+        return
 
     spec: Lock = (
         Lock(plan.name, ttl=plan.ttl, backend=plan.backend, label=f"stress worker {worker}")
@@ -166,6 +179,25 @@ def _take_sets(plan: StressPlan, worker: int, workdir: str, start: Any) -> None:
             ]
         for index, interval, fence in held:
             record_hold(workdir, worker, interval, fence, index)
+
+
+def _lead_in_turns(plan: StressPlan, worker: int, workdir: str, start: Any, victim: bool) -> None:
+    """Mode ``leader``: win the election, increment as the leader, step down; a victim
+    dies leading (its lease must run out for a standby to take over)."""
+    from djlocks import leadership
+
+    start.wait()
+    for iteration in range(plan.iterations):
+        with leadership(
+            plan.name, ttl=plan.ttl, backend=plan.backend, label=f"stress worker {worker}"
+        ) as leader:
+            term = leader.term
+            if victim and iteration == plan.iterations // 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            interval = increment(workdir, 0, plan.hold_ms)
+            if not leader.is_leader or term is None:
+                raise SystemExit(f"deposed in term {term}, during the increment")
+        record_hold(workdir, worker, interval, term, 0)
 
 
 def _runlocked_worker(
@@ -320,7 +352,7 @@ def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
         counter = sum(int(path.read_text() or 0) for path in Path(workdir).glob("counter-*"))
     result = analyse(plan, intervals, counter)
     result.errors.extend(errors)
-    if plan.mode == "multi":  # no set left half held: every name is free again
+    if plan.mode in ("multi", "leader"):  # no set left half held, nobody leading
         from djlocks.backends import backends
 
         left = sorted({h.name for h in backends[plan.backend].holders() if h.name in plan.names})

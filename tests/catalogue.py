@@ -141,6 +141,16 @@ ITEMS = {
         "LMPR",
         "SQLite is a file, not a server; a Redis restart is `redis-clock-and-restart`",
     ),
+    "leader-killed": Item(
+        "A standby leads within the crash-release bound of its leader's SIGKILL, with a "
+        "higher term",
+        "LMPRD",
+    ),
+    "leader-paused": Item(
+        "A leader paused past its TTL is replaced, learns it on resuming, and its term is refused",
+        "LD",
+        "a session or row grant does not expire while its holder is paused",
+    ),
     "sqlite-processes": Item(
         "SQLite with several processes", "L", "only the lease backend runs on SQLite"
     ),

@@ -23,7 +23,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from djlocks import LockLost, db_lock, db_semaphore
+from djlocks import LockLost, db_lock, db_semaphore, leadership
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.events import USUAL_EVIDENCE, events
@@ -441,3 +441,31 @@ def test_no_admin_page_shows_a_token(admin_client: Client, backend: str) -> None
         if waiter is not None:
             waiter.join(30)
     assert waiter.exitcode == 0
+
+
+@pytest.mark.parametrize("backend", SHOWN)
+def test_leaderships_are_shown_apart_with_their_leader_term_and_standbys(
+    admin_client: Client, backend: str
+) -> None:
+    leader = leadership("scheduler", backend=backend, label="beat on web-1").start()
+    standby = leadership("scheduler", backend=backend, label="beat on web-2")
+    try:
+        assert leader.wait_until_leader(10)
+        standby.start()
+        wait_for(lambda: len(leader.standbys()) == 1)
+        data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+        (shown,) = [row for row in data["leaderships"] if row["backend"] == backend]
+        assert shown["name"] == "scheduler" and shown["term"] == leader.term
+        assert f"pid {os.getpid()} (beat on web-1)" in shown["leader"]
+        assert shown["standbys"] == 1 and "beat on web-2" in shown["standby_hosts"][0]
+        assert not [row for row in data["rows"] if "scheduler" in row["name"]]
+        page = admin_client.get(OVERVIEW).content.decode()
+        assert "Leaderships" in page and "beat on web-1" in page
+    finally:
+        standby.stop()
+        leader.stop()
+    data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+    assert [row["leader"] for row in data["leaderships"] if row["backend"] == backend] in (
+        [],
+        [None],
+    )

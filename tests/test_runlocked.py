@@ -13,6 +13,8 @@ import pytest
 
 from djlocks import Lock
 from djlocks.backends import backends
+from djlocks.inspection import force_release
+from djlocks.leadership import election_name
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
 from djlocks.stress import StressPlan, run_stress
 from tests.processes import alive, finished, manage, runlocked, wait_for_file, wait_until_dead
@@ -198,3 +200,49 @@ def test_a_command_held_past_max_hold_is_stopped_and_the_name_freed(tmp_path: Pa
 
 def test_max_hold_that_is_not_a_length_of_time_is_a_usage_error() -> None:
     assert finished(runlocked("test:max-hold", "--max-hold", "0", "--", "true")) == 2
+
+
+def _terms(path: Path, count: int, timeout: float = 20) -> list[int]:
+    """The terms the commands appended to ``path``, once there are ``count`` of them."""
+    deadline = time.monotonic() + timeout
+    while len(terms := [int(t) for t in path.read_text().split()] if path.exists() else []) < count:
+        assert time.monotonic() < deadline, f"{path} has {terms}, not {count} terms"
+        time.sleep(0.02)
+    return terms
+
+
+@pytest.mark.catalogue("runlocked-supervision", backend="default")
+def test_standby_runs_the_command_on_one_leader_and_takes_over_with_a_higher_term(
+    tmp_path: Path,
+) -> None:
+    """Two hot standbys: one leads; when it stops the other's command starts, with a
+    higher term; a deposed leader stops its command and leads again once free."""
+    terms = tmp_path / "terms"
+    script = f'echo "$DJLOCKS_TERM" >> {terms}; exec sleep 300'
+    first = runlocked("beat", "--standby", "--ttl", "3", "--", "sh", "-c", script)
+    (first_term,) = _terms(terms, 1)
+    second = runlocked("beat", "--standby", "--ttl", "3", "--", "sh", "-c", script)
+    try:
+        time.sleep(1.0)
+        assert _terms(terms, 1) == [first_term], "a standby ran its command"
+        first.send_signal(signal.SIGTERM)
+        assert finished(first) == 128 + signal.SIGTERM
+        second_term = _terms(terms, 2)[1]
+        assert second_term > first_term
+        (leader,) = backends["default"].holders(election_name("beat"))
+        force_release([leader], reason="runlocked standby test")
+        third_term = _terms(terms, 3)[2]  # deposed, stood by, and led again: nobody else
+        assert third_term > second_term and second.poll() is None
+    finally:
+        for process in (first, second):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                finished(process)
+    assert backends["default"].holders(election_name("beat")) == []
+
+
+def test_standby_refuses_options_that_make_no_sense_for_a_leader() -> None:
+    for extra in (["--limit", "2"], ["-n"], ["--timeout", "5"], ["--cooldown", "9"]):
+        process = runlocked("beat", "--standby", *extra, "--", "true", stderr=subprocess.PIPE)
+        _, said = process.communicate(timeout=30)
+        assert process.returncode == 2 and "--standby" in said

@@ -224,3 +224,26 @@ def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> 
             close_old_connections()
             time.sleep(0.1)
     report.put(("done", os.getpid()))
+
+
+def campaign(name: str, backend: str, ttl: float, report: Any, again: bool = True) -> None:
+    """Campaign for the leadership of ``name``; report ("elected", pid, term) and
+    ("deposed", pid, term, reason, monotonic time) as they happen, until killed; once
+    deposed, stand by again only if ``again``."""
+    from djlocks import leadership
+
+    pid = os.getpid()
+
+    def deposed(term: int, reason: str) -> None:
+        report.put(("deposed", pid, term, reason, time.monotonic()))
+        if not again:
+            candidate.stop()
+
+    candidate = leadership(
+        name,
+        backend=backend,
+        ttl=ttl,
+        on_elected=lambda term: report.put(("elected", pid, term)),
+        on_deposed=deposed,
+    ).start()
+    time.sleep(120)  # the test ends this process

@@ -137,6 +137,10 @@ class Capabilities:
     #: A grant lives in the acquiring thread's database transaction, so it is released
     #: in that thread, never from async code.
     in_caller_transaction: bool = False
+    #: A grant may be held for hours without holding up anything but its own name, as a
+    #: leadership's term is; not where one grant holds the database's only write lock
+    #: (row locks on SQLite).
+    long_holds: bool = True
 
 
 class LockBackend(ABC):

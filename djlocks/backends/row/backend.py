@@ -76,6 +76,7 @@ class RowLockBackend(LockBackend):
             shared_between_processes=True,
             in_caller_transaction=True,
             forced_release=not sqlite,
+            long_holds=not sqlite,
         )
 
     @cached_property

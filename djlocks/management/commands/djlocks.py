@@ -167,7 +167,9 @@ class Command(BaseCommand):
             choices=list(STRESS_MODES),
             default="lock",
             help="lock: one name (a semaphore with --limit); multi: each iteration takes "
-            f"{MULTI_SET} of {MULTI_NAMES} names together (db_locks).",
+            f"{MULTI_SET} of {MULTI_NAMES} names together (db_locks); leader: each "
+            f"iteration wins the leadership of NAME (djlocks.leadership), increments as "
+            f"the leader with its term as the fence, and steps down.",
         )
         stress.add_argument(
             "--via",
@@ -440,6 +442,8 @@ class Command(BaseCommand):
         kind = "lock" if limit == 1 else f"semaphore (limit {limit})"
         if mode == "multi":
             kind = f"{MULTI_SET} of {MULTI_NAMES} names at once (db_locks)"
+        if mode == "leader":
+            kind = "leadership (djlocks.leadership)"
         through = " through runlocked" if via == "runlocked" else ""
         self.stdout.write(
             f"Strength test of a {kind}{through} on backend {backend!r}: "

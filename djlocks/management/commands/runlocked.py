@@ -85,6 +85,13 @@ class Command(BaseCommand):
             "sooner: the command never runs past the moment its lease could end.",
         )
         parser.add_argument(
+            "--standby",
+            action="store_true",
+            help="Hot standby: wait to become the leader of NAME (as djlocks.leadership "
+            "does), run the command while leading, with its term in DJLOCKS_TERM; when "
+            "deposed, stop the command and stand by again. Run one on every server.",
+        )
+        parser.add_argument(
             "-q", "--quiet", action="store_true", help="Say nothing (same as -v 0)."
         )
 
@@ -126,6 +133,7 @@ class Command(BaseCommand):
                 conflict_exit_code=options["conflict_exit_code"],
                 kill_after=options["kill_after"],
                 verbosity=verbosity,
+                standby=options["standby"],
             )
             supervisor = Supervisor(plan, report=sys.stderr)
         except (ValueError, TypeError, ImproperlyConfigured) as exc:

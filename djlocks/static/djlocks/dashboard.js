@@ -99,7 +99,8 @@
         }
         break;
       default:
-        td.textContent = value === null || value === undefined || value === "" ? "—" : value;
+        td.textContent =
+          value === null || value === undefined || value === "" ? header.dataset.none || "—" : value;
     }
     return td;
   }
