@@ -223,6 +223,19 @@ def normalize_idle_names(idle: Seconds | None) -> float | None:
     return seconds
 
 
+def normalize_delay(delay: Seconds, what: str) -> float:
+    """Return a delay in seconds: more than 0, at most ``MAX_PERIOD`` (365 days).
+
+    ``what`` names the argument in the ``ValueError`` (out of range) or ``TypeError``.
+    """
+    seconds = _to_seconds(delay, what)
+    if not 0 < seconds <= MAX_PERIOD:
+        raise ValueError(
+            f"{what} must be more than 0 seconds and at most {MAX_PERIOD:.0f} (got {seconds})."
+        )
+    return seconds
+
+
 def validate_limit(limit: object) -> int:
     """Return a semaphore ``limit``: an int of at least 1."""
     if isinstance(limit, bool) or not isinstance(limit, int):

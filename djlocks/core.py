@@ -194,7 +194,10 @@ class Lock:
     def backend(self) -> LockBackend:
         return backends[self.backend_alias]
 
-    def _with_name(self, name: str) -> Lock:
+    def with_name(self, name: str) -> Lock:
+        """This spec with another name (no I/O): every other argument is kept.
+
+        ``ValueError`` if ``name`` is not a valid name."""
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
         clone._name = validate_name(name)
@@ -405,7 +408,7 @@ class Lock:
         spec = (
             self
             if self._name is not None
-            else self._with_name(f"{func.__module__}.{func.__qualname__}")
+            else self.with_name(f"{func.__module__}.{func.__qualname__}")
         )
         if inspect.iscoroutinefunction(func):
 

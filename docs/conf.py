@@ -66,7 +66,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(datetime|collections\.abc|contextlib|threading|types)\..*"),
     (r"py:.*", r"django\..*"),
     # Type variables of generic signatures: nothing to link to.
-    (r"py:class", r"djlocks\.core\.F|djlocks\.testing\.C|djlocks\.backends\.waiting\.T"),
+    (r"py:class", r"djlocks\.(core|tasks)\.F|djlocks\.testing\.C|djlocks\.backends\.waiting\.T"),
 ]
 
 # -- HTML ----------------------------------------------------------------------

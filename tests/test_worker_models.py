@@ -113,33 +113,39 @@ def test_uvicorn_renews_whether_the_event_loop_awaits_or_is_blocked(tmp_path: Pa
         assert held(base, "sleep")["renewed"], "a sync view, in uvicorn's thread pool"
 
 
-def test_a_celery_prefork_worker_renews_in_its_forked_pool_process(tmp_path: Path) -> None:
+@contextmanager
+def celery_worker(log: Path, concurrency: int = 1) -> Iterator[Any]:
+    """A prefork Celery worker of ``tests.worker_models.tasks`` with ``concurrency`` pool
+    processes, on the test databases, Redis database ``CELERY_REDIS_DB`` as its broker
+    and result store; yield that module, its tasks bound to the broker."""
     from redis import Redis
 
     broker = urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{CELERY_REDIS_DB}"))
     Redis.from_url(broker).flushdb()
     environment = {**worker_environment(), "DJLOCKS_CELERY_BROKER": broker}
     command = [sys.executable, "-m", "celery", "-A", "tests.worker_models.tasks", "worker"]
-    with (tmp_path / "celery.log").open("w") as log:
+    pool = ["--pool", "prefork", "--concurrency", str(concurrency), "--without-gossip"]
+    with log.open("w") as output:
         worker = subprocess.Popen(
-            [*command, "--pool", "prefork", "--concurrency", "1", "--without-gossip"],
-            cwd=ROOT,
-            env=environment,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            [*command, *pool], cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT
         )
     try:
-        from tests.worker_models.tasks import app, hold_task
+        from tests.worker_models import tasks
 
-        app.conf.broker_url = app.conf.result_backend = broker
-        renewed = hold_task.delay("worker:celery", TTL, WORK, "sleep").get(timeout=120)
-        assert renewed["renewed"] and renewed["lost"] is None, renewed
-        stuck = hold_task.delay("worker:celery", TTL, WORK, "c-call").get(timeout=60)
-        assert not stuck["renewed"] and stuck["lost"], stuck
+        tasks.app.conf.broker_url = tasks.app.conf.result_backend = broker
+        yield tasks
     finally:
         worker.terminate()
         worker.wait(60)
         Redis.from_url(broker).flushdb()
+
+
+def test_a_celery_prefork_worker_renews_in_its_forked_pool_process(tmp_path: Path) -> None:
+    with celery_worker(tmp_path / "celery.log") as tasks:
+        renewed = tasks.hold_task.delay("worker:celery", TTL, WORK, "sleep").get(timeout=120)
+        assert renewed["renewed"] and renewed["lost"] is None, renewed
+        stuck = tasks.hold_task.delay("worker:celery", TTL, WORK, "c-call").get(timeout=60)
+        assert not stuck["renewed"] and stuck["lost"], stuck
 
 
 def test_a_thread_stuck_in_a_c_call_cannot_renew_and_learns_it_at_release() -> None:

@@ -1,0 +1,137 @@
+"""Task-queue limits (``djlocks.tasks``): a run per name template at a time, what a busy
+run does, the slot of a worker killed at its hard time limit, and enqueue-once; with a
+real Celery worker (Redis as its broker) and Django's own tasks framework."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import django
+import pytest
+from django.db import connection
+
+from djlocks import Lock, NotAcquired
+from djlocks.backends import backends
+from djlocks.tasks import QUEUED_PREFIX, Busy, enqueue_once, fill, limit_concurrency
+from tests import test_worker_models as worker_models
+from tests.processes import wait_for_file, wait_until_dead
+
+pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
+
+
+def test_the_name_is_filled_from_the_runs_arguments_and_a_missing_field_is_named() -> None:
+    def render(user_id: int, page: int = 1) -> None: ...
+
+    assert fill("render:{user_id}:{page}", render, (7,), {}) == "render:7:1"
+    with pytest.raises(ValueError, match=r"'account'.*render"):
+        fill("render:{account}", render, (7,), {})
+    with pytest.raises(ValueError, match="when_busy"):
+        limit_concurrency("x", when_busy="later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        limit_concurrency("x", limit=0)
+
+
+def test_a_busy_run_skips_waits_or_says_it_cannot_retry_outside_celery() -> None:
+    ran: list[int] = []
+
+    def work(user_id: int) -> int:
+        ran.append(user_id)
+        return user_id
+
+    skipping = limit_concurrency("t-busy:{user_id}", when_busy="skip")(work)
+    waiting = limit_concurrency("t-busy:{user_id}", when_busy="wait", timeout=0.2)(work)
+    retrying = limit_concurrency("t-busy:{user_id}")(work)
+    with Lock("t-busy:1", ttl=10):
+        assert skipping(1) is None
+        with pytest.raises(NotAcquired):
+            waiting(1)
+        with pytest.raises(Busy, match="needs a Celery worker"):
+            retrying(1)
+        assert skipping(2) == 2, "another user's runs are not limited by this one"
+    assert (skipping(1), ran) == (1, [2, 1])
+    assert backends["default"].holders("t-busy:1") == []
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="no session backend on SQLite")
+def test_enqueue_once_needs_a_lease_backend() -> None:
+    with pytest.raises(ValueError, match="lease backend"):
+        enqueue_once(lambda user_id: None, "x:{user_id}", 1, backend="session")
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is new in Django 6.0")
+def test_djangos_own_tasks_run_limited_and_are_enqueued_once() -> None:
+    """On Django's default task backend, which runs each task as it is enqueued."""
+    from tests.django_tasks import greet, seen
+
+    assert greet.enqueue(3).return_value == 3 and seen[-1] == (3, True), "held while it ran"
+    with Lock("t-django:4", ttl=10):
+        assert greet.enqueue(4).return_value is None, "skipped: the slot was taken"
+        assert enqueue_once(greet, "t-django:{user_id}", 4) is None, "running: not again"
+    result = enqueue_once(greet, "t-django:{user_id}", 5)
+    assert result is not None and result.return_value == 5
+    assert backends["default"].holders(QUEUED_PREFIX + "t-django:5") == []
+
+
+# -- a real Celery worker -----------------------------------------------------------
+
+
+@pytest.fixture
+def celery_worker(tmp_path: Path) -> Iterator[Any]:
+    """A real prefork Celery worker with 3 pool processes; yields its tasks' module."""
+    with worker_models.celery_worker(tmp_path / "celery.log", concurrency=3) as tasks:
+        yield tasks
+
+
+def test_celery_runs_one_per_user_at_a_time_retrying_the_busy_ones(
+    celery_worker: Any, tmp_path: Path
+) -> None:
+    record = tmp_path / "runs.jsonl"
+    results = [celery_worker.render.delay(user, 0.3, str(record)) for user in (1, 1, 1, 2)]
+    retries = [result.get(timeout=120) for result in results]
+    runs = [json.loads(line) for line in record.read_text().splitlines()]
+    ones = sorted((start, end) for user, start, end, _ in runs if user == 1)
+    assert len(ones) == 3 and all(a[1] <= b[0] for a, b in pairwise(ones)), ones
+    (two,) = [(start, end) for user, start, end, _ in runs if user == 2]
+    assert any(start < two[1] and two[0] < end for start, end in ones), "users run side by side"
+    assert sum(retries) >= 2, "the busy runs were retried, not run at once"
+    assert backends["default"].holders() == []
+
+
+def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
+    celery_worker: Any, tmp_path: Path
+) -> None:
+    report = tmp_path / "stuck-pid"
+    killed = celery_worker.stuck.delay(1, str(report))
+    pid = int(wait_for_file(report))
+    waiting = celery_worker.after_stuck.delay(1)
+    with pytest.raises(Exception, match=r"TimeLimitExceeded|Worker exited"):
+        killed.get(timeout=60)
+    wait_until_dead(pid, timeout=30)
+    died = time.monotonic()
+    got = waiting.get(timeout=60)
+    # The slot's lease ran out unrenewed, at most its TTL (1.5 s) after the kill.
+    assert got - died < 1.5 + 1.0, f"the slot came free {got - died:.2f} s after the kill"
+
+
+def test_celery_enqueue_once_refuses_a_key_queued_or_running(
+    celery_worker: Any, tmp_path: Path
+) -> None:
+    record = tmp_path / "runs.jsonl"
+    first = enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record))
+    assert first is not None
+    assert enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record)) is None
+    deadline = time.monotonic() + 60
+    while not backends["default"].holders("render:9"):  # running now
+        assert time.monotonic() < deadline, "the run never started"
+        time.sleep(0.02)
+    assert backends["default"].holders(QUEUED_PREFIX + "render:9") == [], "marker given back"
+    assert enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record)) is None
+    first.get(timeout=60)
+    again = enqueue_once(celery_worker.render, "render:{user_id}", 9, 0.0, str(record))
+    assert again is not None and again.get(timeout=60) == 0
+    assert len(record.read_text().splitlines()) == 2
