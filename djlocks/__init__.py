@@ -15,6 +15,7 @@ from djlocks.exceptions import (
 from djlocks.grant import Grant
 from djlocks.leadership import Leadership, NotLeader, leadership
 from djlocks.many import Locks, db_locks
+from djlocks.rwlock import RWLock, db_rwlock
 
 #: The one place the version is written; the package metadata reads it from here.
 __version__ = "0.2.0"
@@ -32,11 +33,13 @@ __all__ = [
     "NotAcquired",
     "NotHeld",
     "NotLeader",
+    "RWLock",
     "ReleaseRequested",
     "Semaphore",
     "__version__",
     "db_lock",
     "db_locks",
+    "db_rwlock",
     "db_semaphore",
     "leadership",
 ]

@@ -37,6 +37,7 @@ from djlocks.dashboard import (
     LeadershipSummary,
     NameSummary,
     Overview,
+    ReadersWriterSummary,
     overview,
     select,
 )
@@ -175,7 +176,8 @@ class DashboardAdmin(ReadOnlyAdmin):
             **self._context(request, "Locks and semaphores"),
             "page": page,
             "rows": self._overview_rows(page, now),
-            "leaderships": _leadership_rows(found.leaderships, now),
+            "leaderships": _linked(found.leaderships, now),
+            "readers_writers": _linked(found.readers_writers, now),
             "query": query,
             "sorts": {key: _sort_link(query, key) for key in SORTS},
             "page_links": [
@@ -200,7 +202,8 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "page": page.number,
                 "pages": page.paginator.num_pages,
                 "rows": self._overview_rows(page, now),
-                "leaderships": _leadership_rows(found.leaderships, now),
+                "leaderships": _linked(found.leaderships, now),
+                "readers_writers": _linked(found.readers_writers, now),
                 "unavailable": found.unavailable,
             }
         )
@@ -535,8 +538,11 @@ def _limit(backend: str, name: str, holders: list[HolderInfo]) -> int | None:
     return dict(backends[backend].names()).get(name)
 
 
-def _leadership_rows(found: list[LeadershipSummary], now: datetime) -> list[dict[str, Any]]:
-    """The overview's leaderships, each linked to its lock's page."""
+def _linked(
+    found: list[LeadershipSummary] | list[ReadersWriterSummary], now: datetime
+) -> list[dict[str, Any]]:
+    """The overview's leaderships or reader-writer locks, each linked to the page of the
+    lock that shows its leader or writer."""
     return [
         {**summary.as_json(now), "url": _name_url(summary.backend, summary.lock_name)}
         for summary in found

@@ -20,6 +20,7 @@ from djlocks.backends.base import HolderInfo, WaiterInfo
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import Snapshot, snapshot
 from djlocks.leadership import elected_name
+from djlocks.rwlock import GATE, RW_PREFIX, rw_parts
 from djlocks.stuck import Place, stuck_holders
 
 #: A lease whose expiry is this many seconds away, or past, counts as expiring.
@@ -109,6 +110,11 @@ class NameSummary:
         }
 
 
+def who(entry: HolderInfo | WaiterInfo | None) -> str | None:
+    """A holder or waiter as the dashboard names it: host, pid and label."""
+    return None if entry is None else f"{entry.host} pid {entry.pid} ({entry.label})"
+
+
 @dataclass
 class LeadershipSummary:
     """One leadership (``djlocks.leadership``) on one backend: its leader and standbys."""
@@ -124,9 +130,7 @@ class LeadershipSummary:
         return {
             "backend": self.backend,
             "name": self.name,
-            "leader": None
-            if leader is None
-            else f"{leader.host} pid {leader.pid} ({leader.label})",
+            "leader": who(leader),
             "term": None if leader is None else leader.fence,
             "since": None if leader is None else leader.since,
             "leading_for": None if leader is None else (now - leader.since).total_seconds(),
@@ -136,7 +140,7 @@ class LeadershipSummary:
                 else (leader.expires_at - now).total_seconds()
             ),
             "standbys": len(self.standbys),
-            "standby_hosts": [f"{w.host} pid {w.pid} ({w.label})" for w in self.standbys],
+            "standby_hosts": [who(standby) for standby in self.standbys],
         }
 
 
@@ -159,6 +163,75 @@ def leaderships(found: Snapshot, known: Collection[tuple[str, str]]) -> list[Lea
     for waiter in found.waiters:
         if (summary := row(waiter.backend, waiter.name)) is not None:
             summary.standbys.append(waiter)
+    return sorted(rows.values(), key=lambda summary: (summary.name, summary.backend))
+
+
+@dataclass
+class ReadersWriterSummary:
+    """One reader-writer lock (``djlocks.db_rwlock``) on one backend: its writer (the
+    gate's holder), its readers (the slots' holders but the writer) and who waits."""
+
+    backend: str
+    name: str  # the reader-writer lock's own name
+    lock_name: str  # its gate's, whose page shows the writer and the history
+    writer: HolderInfo | None = None
+    slot_holders: list[HolderInfo] = field(default_factory=list)
+    waiting: list[WaiterInfo] = field(default_factory=list)
+
+    @property
+    def readers(self) -> list[HolderInfo]:
+        writer = self.writer
+        if writer is None:
+            return list(self.slot_holders)
+        return [
+            held
+            for held in self.slot_holders
+            if (held.host, held.pid, held.thread) != (writer.host, writer.pid, writer.thread)
+        ]
+
+    def as_json(self, now: datetime) -> dict[str, Any]:
+        writer, readers = self.writer, self.readers
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "writer": who(writer),
+            "writer_fence": None if writer is None else writer.fence,
+            "writing_for": None if writer is None else (now - writer.since).total_seconds(),
+            "readers": len(readers),
+            "reader_hosts": [who(reader) for reader in readers],
+            "waiting": len(self.waiting),
+        }
+
+
+def readers_writers(
+    found: Snapshot, known: Collection[tuple[str, str]]
+) -> list[ReadersWriterSummary]:
+    """The reader-writer locks among the names of ``found`` and ``known`` (backend, lock
+    name pairs), by name."""
+    rows: dict[tuple[str, str], ReadersWriterSummary] = {}
+
+    def row(backend: str, lock_name: str) -> tuple[ReadersWriterSummary, str] | None:
+        parts = rw_parts(lock_name)
+        if parts is None:
+            return None
+        name, part = parts
+        summary = rows.setdefault(
+            (backend, name), ReadersWriterSummary(backend, name, lock_name=RW_PREFIX + name + GATE)
+        )
+        return summary, part
+
+    for backend, lock_name in known:
+        row(backend, lock_name)
+    for holder in found.holders:
+        if (found_row := row(holder.backend, holder.name)) is not None:
+            summary, part = found_row
+            if part == "gate":
+                summary.writer = holder
+            else:
+                summary.slot_holders.append(holder)
+    for waiter in found.waiters:
+        if (found_row := row(waiter.backend, waiter.name)) is not None:
+            found_row[0].waiting.append(waiter)
     return sorted(rows.values(), key=lambda summary: (summary.name, summary.backend))
 
 
@@ -200,8 +273,9 @@ def summaries(
 class Overview:
     """What the stores answered for the overview page."""
 
-    names: list[NameSummary]  # every name that is not a leadership's
+    names: list[NameSummary]  # every name that is not a leadership's or an rwlock's part
     leaderships: list[LeadershipSummary]
+    readers_writers: list[ReadersWriterSummary]
     unavailable: dict[str, str]  # the backends that could not be asked, with the reason
 
 
@@ -219,8 +293,9 @@ def overview(backend: str | None = None) -> Overview:
             found.unavailable[alias] = str(exc)
     rows = summaries(found, known, stuck_holders(found.holders, timezone.now()))
     return Overview(
-        names=[row for row in rows if elected_name(row.name) is None],
+        names=[row for row in rows if elected_name(row.name) is None and not rw_parts(row.name)],
         leaderships=leaderships(found, known),
+        readers_writers=readers_writers(found, known),
         unavailable=found.unavailable,
     )
 

@@ -70,11 +70,11 @@ class Locks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 grant = lock.acquire_grant(timeout=left)
                 if grant is None:
-                    _end_all(taken)
+                    end_all(taken)
                     return None
                 taken.append(grant)
         except BaseException as exc:
-            _end_all(taken, (type(exc), exc, exc.__traceback__))
+            end_all(taken, (type(exc), exc, exc.__traceback__))
             raise
         return {grant.name: grant for grant in taken}
 
@@ -94,7 +94,7 @@ class Locks:
         Every name is released even if one of them had been lost; ``LockLost`` (the
         first loss) is raised afterwards. ``NotHeld`` if this thread holds no set.
         """
-        _end_all(self._pop_current())
+        end_all(self._pop_current())
 
     def __enter__(self) -> Mapping[str, Grant]:
         grants = self.acquire_grants()
@@ -105,7 +105,7 @@ class Locks:
         return grants
 
     def __exit__(self, *exc_info: Any) -> None:
-        _end_all(self._pop_current(), exc_info)
+        end_all(self._pop_current(), exc_info)
 
     def _pop_current(self) -> list[Grant]:
         return pop_held(self._held, self._held_guard, self)
@@ -116,8 +116,9 @@ def db_locks(names: Iterable[str], **options: Any) -> Locks:
     return Locks(names, **options)
 
 
-def _end_all(grants: list[Grant], exc_info: ExcInfo = (None, None, None)) -> None:
-    """End ``grants``, the last taken first; raise the first ``LockLost`` once all ended."""
+def end_all(grants: list[Grant], exc_info: ExcInfo = (None, None, None)) -> None:
+    """End ``grants`` (each as its ``with`` block would, given ``exc_info``), the last
+    taken first; raise the first ``LockLost`` once all ended."""
     lost: LockLost | None = None
     for grant in reversed(grants):
         grant.spec.forget(grant)

@@ -21,6 +21,11 @@ none of the names once the workers are done.
 iteration campaigns, leads for one increment with the term as its fence, and
 steps down. The oracles: one leader at a time (no overlap, no lost update), never
 two leaders in one term, terms rising, and nobody leading once the workers are done.
+
+``mode="rw"`` tests readers and writers (``djlocks.db_rwlock``): each iteration
+writes (one in ``RW_WRITES``: increments the counter) or reads (holds). The
+oracles: never a writer with anyone else, no lost update, writers' fences rising,
+nothing held once the workers are done.
 """
 
 from __future__ import annotations
@@ -41,11 +46,16 @@ from typing import Any
 
 from djlocks.leadership import election_name
 from djlocks.percentiles import percentile
+from djlocks.rwlock import GATE, READERS, RW_PREFIX
 from djlocks.stress_increment import increment, record_hold
 
 #: ``mode="multi"``: how many names the workers share, and how many each takes at once.
 MULTI_NAMES, MULTI_SET = 4, 2
-MODES = ("lock", "multi", "leader")
+MODES = ("lock", "multi", "leader", "rw")
+#: ``mode="rw"``: the share of iterations that write, and the readers at once.
+RW_WRITES, RW_READERS = 0.25, 4
+#: ``mode="rw"``: how a recorded interval says who held (in its ``slot``).
+WRITER, READER = 0, 1
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,10 @@ class StressPlan:
             raise ValueError(
                 "mode 'multi' takes locks (limit 1) through the API, and kills no holder."
             )
-        if self.mode == "leader" and (self.limit != 1 or self.via != "api"):
-            raise ValueError("mode 'leader' elects one leader (limit 1) through the API.")
+        if self.mode in ("leader", "rw") and (self.limit != 1 or self.via != "api"):
+            raise ValueError(f"mode {self.mode!r} runs through the API, without --limit.")
+        if self.mode == "rw" and self.kill:
+            raise ValueError("mode 'rw' kills no holder.")
 
     @property
     def names(self) -> list[str]:
@@ -82,6 +94,8 @@ class StressPlan:
             return [f"{self.name}:{index}" for index in range(MULTI_NAMES)]
         if self.mode == "leader":
             return [election_name(self.name)]
+        if self.mode == "rw":
+            return [RW_PREFIX + self.name + GATE, RW_PREFIX + self.name + READERS]
         return [self.name]
 
 
@@ -136,6 +150,9 @@ def _worker(
         return
     if plan.mode == "leader":
         _lead_in_turns(plan, worker, workdir, start, victim)
+        return
+    if plan.mode == "rw":
+        _read_or_write(plan, worker, workdir, start)
         return
 
     spec: Lock = (
@@ -200,6 +217,31 @@ def _lead_in_turns(plan: StressPlan, worker: int, workdir: str, start: Any, vict
         record_hold(workdir, worker, interval, term, 0)
 
 
+def _read_or_write(plan: StressPlan, worker: int, workdir: str, start: Any) -> None:
+    """Mode ``rw``: write (increment) one time in ``RW_WRITES``, else read (hold)."""
+    from djlocks import db_rwlock
+
+    rw = db_rwlock(
+        plan.name,
+        max_readers=RW_READERS,
+        ttl=plan.ttl,
+        backend=plan.backend,
+        label=f"stress worker {worker}",
+    )
+    chooser = random.Random(worker)
+    start.wait()
+    for _ in range(plan.iterations):
+        writes = chooser.random() < RW_WRITES
+        with rw.write() if writes else rw.read() as grant:
+            if writes:
+                interval = increment(workdir, 0, plan.hold_ms)
+            else:
+                began = time.monotonic_ns()
+                time.sleep(chooser.uniform(0, 2 * plan.hold_ms) / 1000)
+                interval = (began, time.monotonic_ns())
+        record_hold(workdir, worker, interval, grant.fence, WRITER if writes else READER)
+
+
 def _runlocked_worker(
     plan: StressPlan,
     worker: int,
@@ -258,6 +300,8 @@ def manage() -> None:
 
 def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> StressResult:
     """Apply the oracles to recorded believed-hold intervals (nanoseconds, monotonic)."""
+    if plan.mode == "rw":
+        return _analyse_readers_and_writers(plan, intervals, counter)
     ordered = sorted(intervals, key=lambda interval: interval["start"])
     # The intervals of each name: in mode "multi" a slot is a name of its own.
     names: dict[int, list[dict[str, int]]] = {}
@@ -315,6 +359,37 @@ def analyse(plan: StressPlan, intervals: list[dict[str, int]], counter: int) -> 
     )
 
 
+def _analyse_readers_and_writers(
+    plan: StressPlan, intervals: list[dict[str, int]], counter: int
+) -> StressResult:
+    """Mode ``rw``: a writer overlaps nobody; writers' fences rise; each write counted."""
+    ordered = sorted(intervals, key=lambda interval: interval["start"])
+    writers = [interval for interval in ordered if interval["slot"] == WRITER]
+    overlaps = sum(
+        1
+        for writer in writers
+        for other in ordered
+        if other is not writer and other["start"] < writer["end"] and writer["start"] < other["end"]
+    )
+    fences = [writer["fence"] for writer in writers]
+    span = (ordered[-1]["end"] - ordered[0]["start"]) / 1e9 if ordered else 0.0
+    return StressResult(
+        backend=plan.backend,
+        processes=plan.processes,
+        iterations=plan.iterations,
+        limit=1,
+        expected=len(writers),
+        counter=counter,
+        overlaps=overlaps,
+        max_concurrent=1 if writers else 0,  # of writers: any second one is an overlap
+        ops_per_s=round(len(ordered) / span, 1) if span else 0.0,
+        handoff_ms_p50=None,
+        handoff_ms_p99=None,
+        fences_increase=all(a < b for a, b in itertools.pairwise(fences)),
+        killed=0,
+    )
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -352,7 +427,7 @@ def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
         counter = sum(int(path.read_text() or 0) for path in Path(workdir).glob("counter-*"))
     result = analyse(plan, intervals, counter)
     result.errors.extend(errors)
-    if plan.mode in ("multi", "leader"):  # no set left half held, nobody leading
+    if plan.mode in ("multi", "leader", "rw"):  # nothing left held: no set, leader, reader
         from djlocks.backends import backends
 
         left = sorted({h.name for h in backends[plan.backend].holders() if h.name in plan.names})

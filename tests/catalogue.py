@@ -151,6 +151,11 @@ ITEMS = {
         "LD",
         "a session or row grant does not expire while its holder is paused",
     ),
+    "rw-reader-killed": Item(
+        "A writer enters within the crash-release bound of a SIGKILLed reader",
+        "LMPD",
+        "the row backend cannot hold a reader-writer lock",
+    ),
     "sqlite-processes": Item(
         "SQLite with several processes", "L", "only the lease backend runs on SQLite"
     ),

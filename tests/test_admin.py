@@ -23,7 +23,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from djlocks import LockLost, db_lock, db_semaphore, leadership
+from djlocks import LockLost, db_lock, db_rwlock, db_semaphore, leadership
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.events import USUAL_EVIDENCE, events
@@ -469,3 +469,25 @@ def test_leaderships_are_shown_apart_with_their_leader_term_and_standbys(
         [],
         [None],
     )
+
+
+@pytest.mark.parametrize("backend", SHOWN)
+def test_reader_writer_locks_are_shown_apart_with_their_readers_and_writer(
+    admin_client: Client, backend: str
+) -> None:
+    rw = db_rwlock("catalogue", max_readers=3, backend=backend, label="importer")
+
+    def shown() -> dict[str, Any]:
+        data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+        assert not [row for row in data["rows"] if "catalogue" in row["name"]]
+        (row,) = [row for row in data["readers_writers"] if row["backend"] == backend]
+        return dict(row)
+
+    with rw.read(), rw.read():
+        row = shown()
+        assert (row["name"], row["readers"], row["writer"]) == ("catalogue", 2, None)
+    with rw.write() as grant:
+        row = shown()
+        assert row["readers"] == 0 and row["writer_fence"] == grant.fence
+        assert f"pid {os.getpid()} (importer)" in row["writer"]
+        assert "Reader-writer locks" in admin_client.get(OVERVIEW).content.decode()

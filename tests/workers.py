@@ -247,3 +247,12 @@ def campaign(name: str, backend: str, ttl: float, report: Any, again: bool = Tru
         on_deposed=deposed,
     ).start()
     time.sleep(120)  # the test ends this process
+
+
+def read_then_report(name: str, backend: str, ttl: float, report: Any) -> None:
+    """Enter ``name`` (a ``db_rwlock``) as a reader, report its fence, read until killed."""
+    from djlocks import db_rwlock
+
+    with db_rwlock(name, max_readers=4, backend=backend, ttl=ttl).read() as grant:
+        report.put(grant.fence)
+        time.sleep(120)  # the test ends this process

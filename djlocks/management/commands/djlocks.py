@@ -169,7 +169,8 @@ class Command(BaseCommand):
             help="lock: one name (a semaphore with --limit); multi: each iteration takes "
             f"{MULTI_SET} of {MULTI_NAMES} names together (db_locks); leader: each "
             f"iteration wins the leadership of NAME (djlocks.leadership), increments as "
-            f"the leader with its term as the fence, and steps down.",
+            f"the leader with its term as the fence, and steps down; rw: each iteration "
+            f"reads or, one time in four, writes (db_rwlock).",
         )
         stress.add_argument(
             "--via",
@@ -444,6 +445,8 @@ class Command(BaseCommand):
             kind = f"{MULTI_SET} of {MULTI_NAMES} names at once (db_locks)"
         if mode == "leader":
             kind = "leadership (djlocks.leadership)"
+        if mode == "rw":
+            kind = "reader-writer lock (db_rwlock)"
         through = " through runlocked" if via == "runlocked" else ""
         self.stdout.write(
             f"Strength test of a {kind}{through} on backend {backend!r}: "
