@@ -176,8 +176,8 @@ class DashboardAdmin(ReadOnlyAdmin):
             **self._context(request, "Locks and semaphores"),
             "page": page,
             "rows": self._overview_rows(page, now),
-            "leaderships": _linked(found.leaderships, now),
-            "readers_writers": _linked(found.readers_writers, now),
+            "leaderships": _linked(found.leaderships, now, query),
+            "readers_writers": _linked(found.readers_writers, now, query),
             "query": query,
             "sorts": {key: _sort_link(query, key) for key in SORTS},
             "page_links": [
@@ -193,7 +193,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/djlocks/dashboard/overview.html", context)
 
     def overview_json(self, request: HttpRequest) -> JsonResponse:
-        page, _, found = self._overview_page(request)
+        page, query, found = self._overview_page(request)
         now = timezone.now()
         return JsonResponse(
             {
@@ -202,8 +202,8 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "page": page.number,
                 "pages": page.paginator.num_pages,
                 "rows": self._overview_rows(page, now),
-                "leaderships": _linked(found.leaderships, now),
-                "readers_writers": _linked(found.readers_writers, now),
+                "leaderships": _linked(found.leaderships, now, query),
+                "readers_writers": _linked(found.readers_writers, now, query),
                 "unavailable": found.unavailable,
             }
         )
@@ -539,13 +539,17 @@ def _limit(backend: str, name: str, holders: list[HolderInfo]) -> int | None:
 
 
 def _linked(
-    found: list[LeadershipSummary] | list[ReadersWriterSummary], now: datetime
+    found: list[LeadershipSummary] | list[ReadersWriterSummary],
+    now: datetime,
+    query: dict[str, str],
 ) -> list[dict[str, Any]]:
-    """The overview's leaderships or reader-writer locks, each linked to the page of the
-    lock that shows its leader or writer."""
+    """The overview's leaderships or reader-writer locks that match the search, each
+    linked to the page of the lock that shows its leader or writer."""
+    search = query.get("q", "")
     return [
         {**summary.as_json(now), "url": _name_url(summary.backend, summary.lock_name)}
         for summary in found
+        if not search or summary.matches(search)
     ]
 
 

@@ -115,6 +115,13 @@ def who(entry: HolderInfo | WaiterInfo | None) -> str | None:
     return None if entry is None else f"{entry.host} pid {entry.pid} ({entry.label})"
 
 
+def mentions(text: str, name: str, entries: list[HolderInfo | WaiterInfo | None]) -> bool:
+    """Whether ``text`` (any case) is in ``name`` or in an entry's host or label."""
+    needle = text.lower()
+    words = [name] + [word for e in entries if e is not None for word in (e.host, e.label)]
+    return any(needle in word.lower() for word in words)
+
+
 @dataclass
 class LeadershipSummary:
     """One leadership (``djlocks.leadership``) on one backend: its leader and standbys."""
@@ -124,6 +131,10 @@ class LeadershipSummary:
     lock_name: str  # the lock it is held by
     leader: HolderInfo | None = None
     standbys: list[WaiterInfo] = field(default_factory=list)
+
+    def matches(self, text: str) -> bool:
+        """Whether ``text`` is in the name, or the host or label of the leader or a standby."""
+        return mentions(text, self.name, [self.leader, *self.standbys])
 
     def as_json(self, now: datetime) -> dict[str, Any]:
         leader = self.leader
@@ -177,6 +188,10 @@ class ReadersWriterSummary:
     writer: HolderInfo | None = None
     slot_holders: list[HolderInfo] = field(default_factory=list)
     waiting: list[WaiterInfo] = field(default_factory=list)
+
+    def matches(self, text: str) -> bool:
+        """Whether ``text`` is in the name, or the host or label of a holder or waiter."""
+        return mentions(text, self.name, [self.writer, *self.slot_holders, *self.waiting])
 
     @property
     def readers(self) -> list[HolderInfo]:

@@ -229,6 +229,17 @@ class Grant:
             self._loss_recorded.wait(LOSS_RECORD_WAIT)
             raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
 
+    def hand_over(self) -> str:
+        """Stop holding the grant in this process without ending it at the store, for
+        another process to release by its token (returned). No renewal, release or loss
+        is reported for it here from now on; the store ends it at its TTL, or when the
+        other process releases it."""
+        heartbeat.discard(self)
+        self.spec.forget(self)
+        self.begin_release()
+        self._measure_end()
+        return self.token
+
     def _measure_end(self) -> None:
         """Put the grant's end (a release, or a loss) in the metrics, once."""
         with self._guard:

@@ -17,7 +17,9 @@ within one TTL of a dead leader's last renewal on a lease backend.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +51,18 @@ Deposed = Callable[[int, str], None]
 
 class NotLeader(LockError):
     """This process is not the leader now (``Leadership.check``)."""
+
+
+def refuse_short_holds(lock: Lock) -> None:
+    """``ValueError`` if ``lock``'s backend cannot hold a grant for a whole term without
+    holding up other names (``capabilities.long_holds``: not the row backend on
+    SQLite, whose grant holds the database's only write lock)."""
+    if not lock.backend.capabilities.long_holds:
+        raise ValueError(
+            f"The backend {lock.backend_alias!r} cannot hold a leadership: its grant would "
+            f"hold up every other write to its database for the whole term. Use a lease "
+            f"backend (or Redis) for leader election."
+        )
 
 
 def election_name(name: str) -> str:
@@ -107,6 +121,9 @@ class Leadership:
     ) -> None:
         self.name = validate_name(name)
         self.timeout = normalize_timeout(timeout)
+        for what, callback in (("on_elected", on_elected), ("on_deposed", on_deposed)):
+            if callback is not None and not callable(callback):
+                raise TypeError(f"{what} must be a function or None, not {callback!r}.")
         self.on_elected = on_elected
         self.on_deposed = on_deposed
         self.lock = Lock(
@@ -121,20 +138,27 @@ class Leadership:
         self._grant: Grant | None = None
         self._step_down: str | None = None  # why the leader must step down now
         self._campaign: threading.Thread | None = None
+        self._ended = False  # the campaign's thread has finished
         self._stopping = threading.Event()
         self._abort = Abort()
 
     def __repr__(self) -> str:
-        state = f"leader, term {self.term}" if self.is_leader else "standing by"
+        campaigning = self._campaign is not None and not self._ended
+        state = "not campaigning"
+        if campaigning:
+            state = f"leader, term {self.term}" if self.is_leader else "standing by"
         return f"<Leadership {self.name!r} backend={self.lock.backend_alias!r} {state}>"
 
     # -- state (no I/O) --------------------------------------------------------
 
     @property
     def grant(self) -> Grant | None:
-        """The grant this process leads by, or ``None`` while it stands by."""
+        """The grant this process leads by, or ``None`` while it stands by (and in a
+        child forked from the leader: the grant is its parent's)."""
         grant = self._grant
-        return grant if grant is not None and grant.believed else None
+        if grant is None or grant.pid != os.getpid() or not grant.believed:
+            return None
+        return grant
 
     @property
     def is_leader(self) -> bool:
@@ -169,11 +193,12 @@ class Leadership:
     # -- the store's view --------------------------------------------------------
 
     def leader(self) -> HolderInfo | None:
-        """Who leads now, as the store answers (any process), or ``None``.
+        """Who leads now, as the store answers (any process), or ``None``; without its
+        owner token (``token`` is empty: a token lets its bearer release).
 
         Raises ``BackendUnavailable`` when the store cannot be reached."""
         holders = self.lock.backend.holders(self.lock.name)
-        return holders[0] if holders else None
+        return dataclasses.replace(holders[0], token="") if holders else None
 
     def standbys(self) -> list[WaiterInfo]:
         """The candidates standing by, next in line first, as the store answers."""
@@ -185,18 +210,12 @@ class Leadership:
         """Start campaigning in a background thread; return ``self``.
 
         ``RuntimeError`` if this leadership already campaigns; ``ValueError`` if its
-        backend cannot hold a grant for long without holding up other names (declared
-        by ``capabilities.long_holds``: not the row backend on SQLite, whose grant holds
-        the database's only write lock)."""
+        backend cannot hold a grant for long (``refuse_short_holds``)."""
         if self._campaign is not None and self._campaign.is_alive():
             raise RuntimeError(f"{self!r} already campaigns; stop() it first.")
-        if not self.lock.backend.capabilities.long_holds:
-            raise ValueError(
-                f"The backend {self.lock.backend_alias!r} cannot hold a leadership: its "
-                f"grant would hold up every other write to its database for the whole "
-                f"term. Use a lease backend (or Redis) for leader election."
-            )
+        refuse_short_holds(self.lock)
         self._stopping.clear()
+        self._ended = False
         self._abort = Abort()
         self._campaign = threading.Thread(
             target=self._run, name=f"djlocks-leadership-{self.name}", daemon=True
@@ -225,7 +244,7 @@ class Leadership:
         deadline = None if wait is None else time.monotonic() + wait
         with self._changed:
             while not self.is_leader:
-                if self._stopping.is_set() or not self._campaign.is_alive():
+                if self._stopping.is_set() or self._ended:
                     return False
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
@@ -253,13 +272,22 @@ class Leadership:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                grant = self._elect()
-                if grant is not None:
-                    self._lead(grant)
+                try:
+                    grant = self._elect()
+                    if grant is not None:
+                        self._lead(grant)
+                except Exception:  # a campaign must outlive a bug or a failing store
+                    leadership_log.exception(
+                        "leadership %r: the campaign failed; campaigning again in %s s",
+                        self.name,
+                        RETRY_AFTER,
+                    )
+                    self._stopping.wait(RETRY_AFTER)
         finally:
             DedicatedConnections.close_this_thread()
             connections.close_all()  # this thread's own Django connections
             with self._changed:
+                self._ended = True
                 self._changed.notify_all()
 
     def _elect(self) -> Grant | None:
@@ -293,8 +321,9 @@ class Leadership:
             reason = self._step_down or grant.lost_reason or grant.ran_out_reason()
             self._grant = None
             self._changed.notify_all()
-        self._give_back(grant)
+        # The term's work stops before a standby can be elected: on_deposed first.
         self._call(self.on_deposed, grant.fence, reason)
+        self._give_back(grant)
 
     def _give_back(self, grant: Grant) -> None:
         try:

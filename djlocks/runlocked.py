@@ -46,7 +46,7 @@ from djlocks.exceptions import BackendUnavailable, LockLost
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import default_label
-from djlocks.leadership import election_name
+from djlocks.leadership import RETRY_AFTER, election_name, refuse_short_holds
 
 #: Exit status when the lock was not acquired (EX_TEMPFAIL); ``--conflict-exit-code`` changes it.
 EXIT_CONFLICT = 75
@@ -85,10 +85,13 @@ class RunLockedPlan:
     standby: bool = False
 
     def __post_init__(self) -> None:
-        if self.standby and (self.limit != 1 or self.timeout is not None or self.cooldown):
+        if self.standby and (
+            self.limit != 1 or self.timeout is not None or self.cooldown or self.max_hold
+        ):
             raise ValueError(
-                "--standby waits to lead for as long as it takes, one leader at a time: "
-                "leave out --limit, --timeout, --nonblock and --cooldown."
+                "--standby waits to lead for as long as it takes, one leader at a time, "
+                "for as long as it lives: leave out --limit, --timeout, --nonblock, "
+                "--cooldown and --max-hold."
             )
         if not self.command:
             raise ValueError("Give the command to run after --, e.g. runlocked NAME -- true.")
@@ -206,11 +209,16 @@ class Supervisor:
         self.plan = plan
         self.report = report
         self.spec = plan.spec(on_lost=self._grant_lost)
+        if plan.standby:
+            refuse_short_holds(self.spec)
         self._wakeup = _Wakeup()
         self._child: subprocess.Popen[bytes] | None = None
         self._pending_signal: int | None = None  # received while no command ran
         self._lost: str | None = None
         self._owner: _GrantOwner | None = None
+        self._grant: Grant | None = None  # the grant the command runs under
+        self._stopped_for_loss = False  # the command got SIGTERM because the grant was lost
+        self._terminating = False  # a termination signal reached runlocked: never again
 
     def run(self) -> int:
         """Return runlocked's exit status (see the ``EXIT_*`` constants).
@@ -220,7 +228,12 @@ class Supervisor:
         try:
             with self._signals_routed():
                 while True:
-                    grant = self._acquire()
+                    try:
+                        grant = self._acquire()
+                    except BackendUnavailable as exc:
+                        if not self._stands_by_through(exc):
+                            raise
+                        continue
                     if grant is None:
                         if self._pending_signal is not None:
                             return 128 + self._pending_signal
@@ -232,12 +245,24 @@ class Supervisor:
             self._wakeup.close()
 
     def _stands_by_again(self) -> bool:
-        """With ``--standby``, a deposed leader (its command stopped) campaigns again."""
-        if not self.plan.standby or self._lost is None or self._pending_signal is not None:
+        """With ``--standby``, a deposed leader campaigns again: if its command was stopped
+        because the grant was lost (not if it ended by itself) and no termination signal
+        came meanwhile."""
+        deposed = self._lost is not None and self._stopped_for_loss
+        if not self.plan.standby or not deposed or self._terminating:
             return False
         self._say(f"standing by again for {self._what()}")
-        self._lost, self._child = None, None
+        self._lost, self._child, self._grant, self._stopped_for_loss = None, None, None, False
         return True
+
+    def _stands_by_through(self, exc: BackendUnavailable) -> bool:
+        """With ``--standby``, a store that cannot be reached is waited out (a signal
+        still ends runlocked): campaign again in ``RETRY_AFTER`` seconds."""
+        if not self.plan.standby or self._pending_signal is not None:
+            return False
+        self._say(f"the store cannot be reached ({exc}); campaigning again in {RETRY_AFTER} s")
+        self._wakeup.sleep(RETRY_AFTER)
+        return self._pending_signal is None
 
     # -- signals -------------------------------------------------------------
 
@@ -257,6 +282,7 @@ class Supervisor:
         """Runs in the main thread; the wake-up byte is already in the pipe."""
         if signum == signal.SIGCHLD:
             return
+        self._terminating = True
         if self._child is None:
             self._pending_signal = signum
         else:
@@ -270,7 +296,10 @@ class Supervisor:
             os.killpg(self._child.pid, signum)
 
     def _grant_lost(self, grant: Grant, reason: str) -> None:
-        """Called by the heartbeat thread."""
+        """Called by the heartbeat thread; a late call about an earlier term's grant is
+        ignored."""
+        if grant is not self._grant:
+            return
         self._lost = reason
         self._wakeup.poke()
 
@@ -305,6 +334,9 @@ class Supervisor:
     # -- the command ---------------------------------------------------------
 
     def _run_command(self, grant: Grant) -> int:
+        self._grant = grant
+        if grant.lost_reason is not None:  # lost before this term's watch began
+            self._lost = grant.lost_reason
         if self._pending_signal is not None:
             self._release(grant)
             return 128 + self._pending_signal
@@ -362,6 +394,7 @@ class Supervisor:
                 self._say(f"lost {self._what()} ({self._lost}): terminating the command")
                 self._signal_group(signal.SIGTERM)
                 terminated_at = now
+                self._stopped_for_loss = True
             if terminated_at is not None and not killed:
                 killed = self._kill_if_due(grant, terminated_at, now)
         return returncode if returncode >= 0 else 128 - returncode

@@ -428,9 +428,22 @@ def run_stress(plan: StressPlan, timeout: float = 600.0) -> StressResult:
     result = analyse(plan, intervals, counter)
     result.errors.extend(errors)
     if plan.mode in ("multi", "leader", "rw"):  # nothing left held: no set, leader, reader
-        from djlocks.backends import backends
-
-        left = sorted({h.name for h in backends[plan.backend].holders() if h.name in plan.names})
+        left = _still_held(plan)
         if left:
             result.errors.append(f"still held once every worker was done: {left}")
     return result
+
+
+def _still_held(plan: StressPlan) -> list[str]:
+    """The plan's names still held once the workers are done; a killed worker's lease is
+    given up to its TTL (and a second) to run out."""
+    from djlocks.backends import backends
+
+    store = backends[plan.backend]
+    waits_for_leases = plan.kill and store.capabilities.crash_release == "ttl"
+    deadline = time.monotonic() + (plan.ttl + 1.0 if waits_for_leases else 0.0)
+    while True:
+        left = sorted({h.name for h in store.holders() if h.name in plan.names})
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)

@@ -10,13 +10,14 @@ nobody renews: the slot is free again within one TTL. When every slot is taken,
 back-off (Celery), ``"skip"`` (the run returns ``None``), or ``"wait"`` for a
 slot.
 
-``enqueue_once(task, "render:{user_id}", user_id=7)`` enqueues only if no run
+``enqueue_once(task, kwargs={"user_id": 7})`` enqueues only if no run
 of the same key is queued or running. It takes a marker lease
 (``djlocks:queued:<key>``, not renewed: it ends at ``queued_ttl`` at the
 latest) and passes its token to the run, which gives the marker back once it
-holds its running slot. At every moment from the enqueue to the end of the run,
+holds its running slot. From the enqueue to the end of the run's first attempt,
 the marker or the running slot is held, so a second enqueue in between is
-refused.
+refused (a run retried after it started holds neither while it waits: see
+docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import Callable, Mapping
+import re
+import string
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
 from djlocks.arguments import Seconds, normalize_delay, validate_limit, validate_name
 from djlocks.backends import backends
 from djlocks.core import Lock, Semaphore
-from djlocks.exceptions import LockError, NotAcquired
+from djlocks.exceptions import BackendUnavailable, LockError, LockLost, NotAcquired
 
 task_log = logging.getLogger("djlocks.tasks")
 
@@ -111,15 +115,29 @@ def limit_concurrency(
     spec = Lock(**options) if limit == 1 else Semaphore(limit=limit, **options)
 
     def decorate(func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError(
+                f"limit_concurrency limits synchronous functions; {func.__qualname__} is "
+                f"async. Take the slot inside it: `async with Semaphore(...)`."
+            )
+        _check_fields(name, func)
+
         @functools.wraps(func)
         def limited(*args: Any, **kwargs: Any) -> Any:
             queued = kwargs.pop(QUEUED_TOKEN, None)
             slot = spec.with_name(fill(name, func, args, kwargs))
             grant = slot.acquire_grant()
             if grant is None:
-                if queued is not None and when_busy != "retry":  # this run ends here
+                try:
+                    busy = _busy(slot, when_busy, base_delay, longest_delay)
+                except BaseException as exc:
+                    # Retried later, the run is still queued: it keeps the marker.
+                    if queued is not None and not _is_celery_retry(exc):
+                        _give_back_marker(slot.backend_alias, slot.name, queued)
+                    raise
+                if queued is not None:
                     _give_back_marker(slot.backend_alias, slot.name, queued)
-                return _busy(slot, when_busy, base_delay, longest_delay)
+                return busy
             try:
                 if queued is not None:
                     _give_back_marker(slot.backend_alias, slot.name, queued)
@@ -127,9 +145,38 @@ def limit_concurrency(
             finally:
                 grant.release()
 
+        limited.djlocks_limit = Limit(name, backend)  # type: ignore[attr-defined]
         return cast(F, limited)
 
     return decorate
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What ``limit_concurrency`` put on a function: its name template and backend."""
+
+    template: str
+    backend: str
+
+
+def _check_fields(template: str, func: Callable[..., Any]) -> None:
+    """``ValueError`` if ``template`` names a field that is not an argument of ``func``."""
+    parameters = inspect.signature(func).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for _, field_name, _, _ in string.Formatter().parse(template):
+        if field_name is None:
+            continue
+        argument = re.split(r"[.\[]", field_name, maxsplit=1)[0]
+        if not argument or argument.isdigit():
+            raise ValueError(
+                f"The name template {template!r} must name arguments, as in "
+                f"'render:{{user_id}}', not {{{field_name}}}."
+            )
+        if argument not in parameters and not takes_any:
+            raise ValueError(
+                f"The name template {template!r} needs {argument!r}, which is not an "
+                f"argument of {func.__qualname__}{inspect.signature(func)}."
+            )
 
 
 def _busy(slot: Lock, when_busy: WhenBusy, base_delay: float, longest_delay: float) -> Any:
@@ -145,10 +192,20 @@ def _busy(slot: Lock, when_busy: WhenBusy, base_delay: float, longest_delay: flo
             f"Every slot of {slot.name!r} is taken, and this run cannot be retried later: "
             f"when_busy='retry' needs a Celery worker. Use 'skip' or 'wait' elsewhere."
         )
-    delay = min(longest_delay, base_delay * 2 ** (task.request.retries or 0))
+    doublings = min(task.request.retries or 0, 32)  # 2**32 x any delay is past the cap
+    delay = min(longest_delay, base_delay * 2**doublings)
     countdown = delay * random.uniform(0.5, 1.0)
     task_log.info("every slot of %r is taken: retrying in %.1f s", slot.name, countdown)
     raise task.retry(countdown=countdown)
+
+
+def _is_celery_retry(exc: BaseException) -> bool:
+    """Whether ``exc`` is Celery's ``Retry``: the run will come back."""
+    try:
+        from celery.exceptions import Retry
+    except ImportError:
+        return False
+    return isinstance(exc, Retry)
 
 
 def _current_celery_task() -> Any:
@@ -160,49 +217,83 @@ def _current_celery_task() -> Any:
     request = getattr(current_task, "request", None)
     if current_task is None or request is None or getattr(request, "id", None) is None:
         return None
+    if getattr(request, "is_eager", False):  # run in place (apply(), always-eager): no queue
+        return None
     return current_task
 
 
 def enqueue_once(
     task: Any,
-    key: str,
-    *args: Any,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
     queued_ttl: Seconds = 3600.0,
-    backend: str = "default",
-    **kwargs: Any,
 ) -> Any:
-    """Enqueue ``task`` with ``args`` and ``kwargs`` unless a run with the same key is
+    """Enqueue ``task`` with ``args`` and ``kwargs`` unless a run with the same name is
     queued or running; return what the queue returns (Celery's ``AsyncResult``,
     ``django.tasks``' ``TaskResult``), or ``None`` if one was already.
 
-    ``key`` is filled like ``limit_concurrency``'s name and must be the same template,
-    so that the run (which holds its slot under that name) counts as running. The task's
-    function must be decorated with ``limit_concurrency``: it gives the marker back once
-    the run holds its slot. ``queued_ttl`` (seconds) bounds how long a marker whose run
-    never started (a lost message, a purged queue) refuses new enqueues. Needs a lease
-    backend (the marker outlives this process): ``ValueError`` otherwise.
+    The task's function must be decorated with ``limit_concurrency``, whose name
+    template, filled from these arguments, and backend say which runs are the same
+    (``ValueError`` otherwise); the run gives the marker back once it holds its slot.
+    ``queued_ttl`` (seconds) bounds how long a marker whose run never started (a lost
+    message, a purged queue) refuses new enqueues. Needs a lease backend, whose grants
+    outlive their process (``ValueError`` otherwise). If the queue refuses the message,
+    the marker is given back and the queue's error raised.
     """
-    store = backends[backend]
+    func, bound_args = _signature_of(task, tuple(args))
+    limit: Limit | None = getattr(func, "djlocks_limit", None)
+    if limit is None:
+        raise ValueError(
+            f"enqueue_once needs a task whose function is decorated with "
+            f"limit_concurrency (under the queue's own decorator); {task!r} is not."
+        )
+    store = backends[limit.backend]
     if store.capabilities.crash_release != "ttl":
         raise ValueError(
             f"enqueue_once needs a lease backend (its marker outlives the enqueuing "
-            f"process); {backend!r} ends its grants with their session."
+            f"process); {limit.backend!r} ends its grants with their session."
         )
-    func = getattr(task, "run", None) or getattr(task, "func", None) or task
-    name = fill(key, func, args, kwargs)
-    marker = Lock(QUEUED_PREFIX + name, backend=backend, ttl=queued_ttl, renew=False)
+    kwargs = dict(kwargs or {})
+    name = fill(limit.template, func, bound_args, kwargs)
+    marker = Lock(QUEUED_PREFIX + name, backend=limit.backend, ttl=queued_ttl, renew=False)
     grant = marker.acquire_grant(timeout=0)
     if grant is None:
         return None
-    if store.holders(name):  # a run holds its slot: running
+    try:
+        if store.holders(name):  # a run holds its slot: running
+            grant.release()
+            return None
+        kwargs[QUEUED_TOKEN] = grant.token
+        if hasattr(task, "apply_async"):
+            queued = task.apply_async(tuple(args), kwargs)
+        else:
+            queued = task.enqueue(*args, **kwargs)
+    except BaseException:
         grant.release()
-        return None
-    kwargs = {**kwargs, QUEUED_TOKEN: grant.token}
+        raise
+    grant.hand_over()  # the run releases it
+    return queued
+
+
+def _signature_of(task: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """The function whose signature names ``task``'s arguments, and the arguments to bind
+    to it: Celery's ``run`` (without ``self`` when bound), ``django.tasks``' ``func``
+    (after the context it is given when ``takes_context``), or a plain function."""
     if hasattr(task, "apply_async"):
-        return task.apply_async(args, kwargs)
-    return task.enqueue(*args, **kwargs)
+        return task.run, args
+    func = getattr(task, "func", task)
+    return func, ((None, *args) if getattr(task, "takes_context", False) else args)
 
 
 def _give_back_marker(backend: str, name: str, token: str) -> None:
-    """The run holds its slot: end the marker its enqueue took, by its token."""
-    backends[backend].release(QUEUED_PREFIX + name, token, 0.0)
+    """The run holds its slot, or ends: end the marker its enqueue took, by its token.
+
+    A marker already ended (its TTL, an earlier attempt of the same run) is fine; a
+    store that cannot be reached leaves it to its TTL."""
+    try:
+        backends[backend].release(QUEUED_PREFIX + name, token, 0.0)
+    except LockLost:
+        pass
+    except BackendUnavailable as exc:
+        task_log.warning("could not give back the marker of %r (%s): it ends at its TTL", name, exc)

@@ -31,6 +31,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "redis_store: a test of the Redis backend, whose database holds only its history "
         "(set by conftest; `make test` runs these in the SQLite leg only)",
     )
+    config.addinivalue_line(
+        "markers",
+        "real_workers: runs real web or task-queue workers (gunicorn, uvicorn, Celery); "
+        "`make test-newest` leaves these out: they test the workers, not Django",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

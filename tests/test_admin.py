@@ -461,6 +461,9 @@ def test_leaderships_are_shown_apart_with_their_leader_term_and_standbys(
         assert not [row for row in data["rows"] if "scheduler" in row["name"]]
         page = admin_client.get(OVERVIEW).content.decode()
         assert "Leaderships" in page and "beat on web-1" in page
+        url = reverse("admin:djlocks_overview_json")
+        assert admin_client.get(url, {"q": "WEB-2"}).json()["leaderships"], "a standby's label"
+        assert admin_client.get(url, {"q": "nowhere"}).json()["leaderships"] == []
     finally:
         standby.stop()
         leader.stop()

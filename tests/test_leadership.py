@@ -215,3 +215,18 @@ def test_the_strength_test_of_leader_election_holds_its_oracles(backend: str) ->
     result = run_stress(plan, timeout=180)
     assert result.errors == [] and result.ok, result
     assert result.counter == result.expected == 3 * 10 + 5
+
+
+def test_a_leader_stepping_down_hears_on_deposed_while_it_still_holds() -> None:
+    """So that its term's work stops before a standby is elected."""
+    held_when_deposed: list[bool] = []
+    leader = Leadership(
+        "t-order",
+        on_deposed=lambda term, reason: held_when_deposed.append(
+            bool(backends["default"].holders(election_name("t-order")))
+        ),
+    ).start()
+    assert leader.wait_until_leader(10)
+    leader.stop()
+    assert held_when_deposed == [True]
+    assert backends["default"].holders(election_name("t-order")) == []

@@ -242,7 +242,13 @@ def test_standby_runs_the_command_on_one_leader_and_takes_over_with_a_higher_ter
 
 
 def test_standby_refuses_options_that_make_no_sense_for_a_leader() -> None:
-    for extra in (["--limit", "2"], ["-n"], ["--timeout", "5"], ["--cooldown", "9"]):
+    for extra in (
+        ["--limit", "2"],
+        ["-n"],
+        ["--timeout", "5"],
+        ["--cooldown", "9"],
+        ["--max-hold", "9"],
+    ):
         process = runlocked("beat", "--standby", *extra, "--", "true", stderr=subprocess.PIPE)
         _, said = process.communicate(timeout=30)
         assert process.returncode == 2 and "--standby" in said

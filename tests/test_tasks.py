@@ -30,6 +30,12 @@ def test_the_name_is_filled_from_the_runs_arguments_and_a_missing_field_is_named
     assert fill("render:{user_id}:{page}", render, (7,), {}) == "render:7:1"
     with pytest.raises(ValueError, match=r"'account'.*render"):
         fill("render:{account}", render, (7,), {})
+    with pytest.raises(ValueError, match=r"'account'.*render"):
+        limit_concurrency("render:{account}")(render)
+    with pytest.raises(ValueError, match="must name arguments"):
+        limit_concurrency("render:{0}")(render)
+    with pytest.raises(ValueError, match="decorated with limit_concurrency"):
+        enqueue_once(render, (7,))
     with pytest.raises(ValueError, match="when_busy"):
         limit_concurrency("x", when_busy="later")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
@@ -60,7 +66,7 @@ def test_a_busy_run_skips_waits_or_says_it_cannot_retry_outside_celery() -> None
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="no session backend on SQLite")
 def test_enqueue_once_needs_a_lease_backend() -> None:
     with pytest.raises(ValueError, match="lease backend"):
-        enqueue_once(lambda user_id: None, "x:{user_id}", 1, backend="session")
+        enqueue_once(limit_concurrency("x:{user_id}", backend="session")(_work), (1,))
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is new in Django 6.0")
@@ -71,8 +77,8 @@ def test_djangos_own_tasks_run_limited_and_are_enqueued_once() -> None:
     assert greet.enqueue(3).return_value == 3 and seen[-1] == (3, True), "held while it ran"
     with Lock("t-django:4", ttl=10):
         assert greet.enqueue(4).return_value is None, "skipped: the slot was taken"
-        assert enqueue_once(greet, "t-django:{user_id}", 4) is None, "running: not again"
-    result = enqueue_once(greet, "t-django:{user_id}", 5)
+        assert enqueue_once(greet, (4,)) is None, "running: not again"
+    result = enqueue_once(greet, (5,))
     assert result is not None and result.return_value == 5
     assert backends["default"].holders(QUEUED_PREFIX + "t-django:5") == []
 
@@ -87,6 +93,7 @@ def celery_worker(tmp_path: Path) -> Iterator[Any]:
         yield tasks
 
 
+@pytest.mark.real_workers
 def test_celery_runs_one_per_user_at_a_time_retrying_the_busy_ones(
     celery_worker: Any, tmp_path: Path
 ) -> None:
@@ -102,6 +109,7 @@ def test_celery_runs_one_per_user_at_a_time_retrying_the_busy_ones(
     assert backends["default"].holders() == []
 
 
+@pytest.mark.real_workers
 def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
     celery_worker: Any, tmp_path: Path
 ) -> None:
@@ -118,20 +126,74 @@ def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
     assert got - died < 1.5 + 1.0, f"the slot came free {got - died:.2f} s after the kill"
 
 
+@pytest.mark.real_workers
 def test_celery_enqueue_once_refuses_a_key_queued_or_running(
     celery_worker: Any, tmp_path: Path
 ) -> None:
     record = tmp_path / "runs.jsonl"
-    first = enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record))
+    first = enqueue_once(celery_worker.render, (9, 1.0, str(record)))
     assert first is not None
-    assert enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record)) is None
+    assert enqueue_once(celery_worker.render, (9, 1.0, str(record))) is None
     deadline = time.monotonic() + 60
     while not backends["default"].holders("render:9"):  # running now
         assert time.monotonic() < deadline, "the run never started"
         time.sleep(0.02)
-    assert backends["default"].holders(QUEUED_PREFIX + "render:9") == [], "marker given back"
-    assert enqueue_once(celery_worker.render, "render:{user_id}", 9, 1.0, str(record)) is None
+    while backends["default"].holders(QUEUED_PREFIX + "render:9"):  # given back by the run
+        assert time.monotonic() < deadline, "the run never gave the marker back"
+        time.sleep(0.02)
+    assert enqueue_once(celery_worker.render, (9, 1.0, str(record))) is None
     first.get(timeout=60)
-    again = enqueue_once(celery_worker.render, "render:{user_id}", 9, 0.0, str(record))
+    again = enqueue_once(celery_worker.render, (9, 0.0, str(record)))
     assert again is not None and again.get(timeout=60) == 0
     assert len(record.read_text().splitlines()) == 2
+
+
+def _work(user_id: int) -> int:
+    return user_id
+
+
+def test_the_marker_is_given_back_by_the_run_and_a_second_attempt_still_runs() -> None:
+    """A queue that keeps its messages (a stand-in for a broker): the run gives the
+    marker back, a redelivered attempt whose marker is gone still runs, a busy run that
+    will not be retried gives it back too."""
+    work = limit_concurrency("t-once:{user_id}", when_busy="skip")(_work)
+    queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    class Queue:
+        func = staticmethod(work)
+
+        def enqueue(self, *args: Any, **kwargs: Any) -> str:
+            queued.append((args, kwargs))
+            return "queued"
+
+    marker = QUEUED_PREFIX + "t-once:1"
+    assert enqueue_once(Queue(), (1,)) == "queued"
+    assert enqueue_once(Queue(), (1,)) is None, "already queued"
+    args, kwargs = queued[0]
+    assert backends["default"].holders(marker)
+    assert work(*args, **kwargs) == 1 and backends["default"].holders(marker) == []
+    assert work(*args, **kwargs) == 1, "a second attempt runs though its marker is gone"
+    assert enqueue_once(Queue(), (1,)) == "queued"
+    with Lock("t-once:1", ttl=10):
+        args, kwargs = queued[-1]
+        assert work(*args, **kwargs) is None, "skipped: busy"
+    assert backends["default"].holders(marker) == [], "a skipped run gives the marker back"
+
+
+def test_an_async_task_is_refused_at_decoration() -> None:
+    async def render(user_id: int) -> None: ...
+
+    with pytest.raises(TypeError, match="async"):
+        limit_concurrency("t:{user_id}")(render)
+
+
+def test_an_eager_celery_run_that_is_busy_raises_busy_instead_of_retrying_in_place(
+    tmp_path: Path,
+) -> None:
+    """``apply()`` (or always-eager) runs in place, with no queue to retry through."""
+    from tests.worker_models.tasks import render
+
+    with Lock("render:70", ttl=10):
+        result = render.apply(args=(70, 0.0, str(tmp_path / "runs")))
+    with pytest.raises(Busy, match="needs a Celery worker"):
+        result.get()

@@ -28,7 +28,11 @@ from djlocks.stress import current_database_names
 from tests.faults import free_port, wait_for_http
 from tests.worker_models.holding import hold
 
-pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.usefixtures("store"),
+    pytest.mark.timeout(240),
+    pytest.mark.real_workers,
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seconds: the lease, and the work done while holding it.
