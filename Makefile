@@ -103,17 +103,20 @@ clean:
 
 # The newest Django (6.x needs Python 3.12+) on the newest Python the machine has: the
 # suite but for what tests the stores and workers rather than Django (the fault catalogue,
-# real gunicorn/uvicorn/Celery workers), which `make test` runs.
+# real gunicorn/uvicorn/Celery workers), which `make test` runs; requirements-newest.txt
+# adds a real queue for Django's tasks framework, new in Django 6.
 NEWEST_PYTHON ?= $(shell ls -d $(HOME)/.pyenv/versions/3.13*/bin/python3 $(HOME)/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
 NEWEST_VENV := .venv-newest
 
 test-newest: setup
 	@if [ -z "$(NEWEST_PYTHON)" ]; then echo "No Python >= 3.12 here: skipping the newest-Django run."; exit 0; fi; \
 	set -e; \
-	[ -f $(NEWEST_VENV)/.installed ] || { \
+	stamp=$(NEWEST_VENV)/.installed; \
+	[ -f $$stamp ] && [ $$stamp -nt requirements.txt ] && [ $$stamp -nt requirements-newest.txt ] || { \
+	  rm -rf $(NEWEST_VENV); \
 	  $(NEWEST_PYTHON) -m venv $(NEWEST_VENV); \
 	  $(NEWEST_VENV)/bin/pip install -q --upgrade pip; \
-	  grep -v '^Django==' requirements.txt | $(NEWEST_VENV)/bin/pip install -q -r /dev/stdin 'Django>=6,<7'; \
+	  grep -v '^Django==' requirements.txt | $(NEWEST_VENV)/bin/pip install -q -r /dev/stdin -r requirements-newest.txt; \
 	  $(NEWEST_VENV)/bin/pip install -q -e . --no-deps; \
 	  touch $(NEWEST_VENV)/.installed; }; \
 	$(NEWEST_VENV)/bin/python -m django --version; \

@@ -104,6 +104,7 @@ def render(report: dict[str, Any]) -> str:
         )
     lines += render_idle_sweep(report["idle_sweep"])
     lines += render_redis(report["redis_locks"])
+    lines += render_task_queues(report["task_queues"])
     lines += targets.render(report)
     return "\n".join(lines) + "\n"
 
@@ -261,6 +262,34 @@ def render_redis(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def render_task_queues(run: dict[str, Any]) -> list[str]:
+    """Enqueue-once beside celery-once and celery-singleton, through one Celery broker."""
+    lines = [
+        "",
+        "## Task queues: enqueue once beside celery-once and celery-singleton",
+        "",
+        f"One Redis broker, the same task. Enqueue: {run['dedup'][0]['keys']} new keys with no "
+        "worker running, then each again while queued (refused is right). Drain: a prefork "
+        "worker with 2 pool processes runs them, the run-side work of each included; "
+        "`left` counts the keys or holders still there afterwards. Killed: a run's pool "
+        "process killed with SIGKILL (the OOM killer, a lost host), then seconds until its "
+        f"key can be enqueued again (djlocks' slot TTL: {run['ttl_s']} s; `never`: still "
+        f"refused after {run['watch_s']:.0f} s).",
+        "",
+        "| contender | enqueue p50 / p99 | refuse a duplicate | refused | drain | left | killed |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in run["dedup"]:
+        freed = row["free_after_kill_s"]
+        killed = "never" if freed is None else "n/a" if freed == "n/a" else f"{freed} s"
+        lines.append(
+            f"| {row['contender']} | {row['enqueue_us']} / {row['enqueue_p99_us']} µs | "
+            f"{row['duplicate_us']} µs | {row['refused']}/{row['keys']} | "
+            f"{row['runs_per_s']} runs/s | {row['left_behind']} | {killed} |"
+        )
+    return lines
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     report: dict[str, Any] = {
@@ -273,6 +302,8 @@ def main() -> None:
     report["statements"] = [measure("statements", database, quick) for database in SERVERS]
     # Redis's own figures; the database only keeps the history of the "history on" runs.
     report["redis_locks"] = measure("redis_locks", "postgresql", quick)
+    # The task-queue peers keep their keys in Redis; djlocks' lease backend on PostgreSQL.
+    report["task_queues"] = measure("task_queues", "postgresql", quick)
     docs = ROOT / "docs"
     docs.mkdir(exist_ok=True)
     (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -44,6 +44,7 @@ def checks(report: dict[str, Any]) -> Iterator[Check]:
     yield from uncontended(report)
     yield from contended(report)
     yield from semaphores(report)
+    yield from task_queues(report)
     for run in report["runlocked_startup"]:
         for row in run["runlocked"]:
             yield (
@@ -218,3 +219,27 @@ def render(report: dict[str, Any]) -> list[str]:
         f"| {target} | {measured} | {'yes' if ok else '**no**'} |" for target, measured, ok in found
     ]
     return lines
+
+
+def task_queues(report: dict[str, Any]) -> Iterator[Check]:
+    """``enqueue_once`` refuses every duplicate, leaves no key behind once the runs are
+    done, and frees the key of a run killed with SIGKILL within its slot's TTL (plus a
+    poll)."""
+    run = report.get("task_queues")
+    if run is None:
+        return
+    for row in run["dedup"]:
+        if not row["contender"].startswith("djlocks"):
+            continue
+        freed = row["free_after_kill_s"]
+        yield (
+            f"{row['contender']}: every duplicate refused, nothing left behind",
+            f"{row['refused']}/{row['keys']} refused, {row['left_behind']} left",
+            row["refused"] == row["keys"] and row["left_behind"] == 0,
+        )
+        yield (
+            f"{row['contender']}: a run killed with SIGKILL frees its key <= TTL + 0.5 s "
+            f"({run['ttl_s'] + 0.5} s)",
+            "never" if freed is None else f"{freed} s",
+            freed is not None and freed <= run["ttl_s"] + 0.5,
+        )

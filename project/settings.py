@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -162,4 +163,14 @@ if DB_VENDOR in SESSION_BACKENDS:
     DJLOCKS["BACKENDS"]["session"] = {
         "BACKEND": SESSION_BACKENDS[DB_VENDOR],
         "OPTIONS": {"using": "default"},
+    }
+
+if find_spec("django.tasks") and find_spec("django_tasks_db"):
+    # Django's tasks framework (Django 6+): "default" runs a task as it is enqueued;
+    # "queue" is a real queue in the database (django-tasks-db, which make test-newest
+    # installs), which `manage.py db_worker --backend queue` works through.
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {
+        "default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+        "queue": {"BACKEND": "django_tasks_db.DatabaseBackend"},
     }
