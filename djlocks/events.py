@@ -55,8 +55,12 @@ class EventLog:
 
     # -- what happened --------------------------------------------------------
 
-    def grant_ended(self, grant: Grant, kind: str, reason: str = "") -> None:
-        """The grant was released (``released``) or found lost (``lost``): two events."""
+    def grant_ended(
+        self, grant: Grant, kind: str, reason: str = "", *, in_background: bool = False
+    ) -> None:
+        """The grant was released (``released``) or found lost (``lost``): two events,
+        a release's through the background writer, a loss's at once unless
+        ``in_background``."""
         if not grant.backend.capabilities.history or not djlocks_settings()["EVENTS"]:
             return  # before building the events: this is on every release's path
         ended_at = timezone.now()
@@ -72,7 +76,7 @@ class EventLog:
                     **common,
                 ),
             ],
-            routine=kind == Kind.RELEASED,
+            routine=kind == Kind.RELEASED or in_background,
         )
 
     def not_acquired(

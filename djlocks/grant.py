@@ -332,14 +332,25 @@ class Grant:
             return "the wait an operator gave for its release ran out"
         return "its lease ran out without a successful renewal"
 
-    def mark_lost(self, reason: str, *, by_release: bool = False, take_back: bool = False) -> None:
-        """Note that the grant ended without release; tell listeners once.
+    def mark_lost(
+        self,
+        reason: str,
+        *,
+        by_release: bool = False,
+        take_back: bool = False,
+        record_in_background: bool = False,
+    ) -> None:
+        """Note that the grant ended without release; tell listeners once, then put the
+        loss in the history (so a history store that hangs delays no listener).
 
         Once release has begun only the release itself may report a loss, so a
         renewal that races with the release cannot raise a false alarm.
         ``take_back``: end the grant at its store too (``take_back()``), after the
         loss is noted (a release from now on reports it) and before anyone is told
         (whatever a listener does cannot stop it); even if the loss was noted before.
+        ``record_in_background``: hand the loss's events to the background writer even
+        where the history writes losses at once (for a caller that must not wait on
+        the database: the watchdog).
         """
         with self._guard:
             first = self._lost_reason is None and (by_release or not self._released)
@@ -352,12 +363,14 @@ class Grant:
         lost_log.warning("lost %s (fence %s): %s", self.name, self.fence, reason)
         self._measure_end()
         try:
-            events.grant_ended(self, Kind.LOST, reason)
+            lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=reason)
+            if self._on_lost is not None:
+                self._on_lost(self, reason)
         finally:
-            self._loss_recorded.set()
-        lock_lost.send(sender=type(self.spec), spec=self.spec, grant=self, reason=reason)
-        if self._on_lost is not None:
-            self._on_lost(self, reason)
+            try:
+                events.grant_ended(self, Kind.LOST, reason, in_background=record_in_background)
+            finally:
+                self._loss_recorded.set()
 
     @property
     def lost_reason(self) -> str | None:

@@ -13,6 +13,9 @@ its holder hears of it within a round trip instead of up to TTL/3 later. The
 periodic renewal stays: a notice that never arrives delays nothing beyond it.
 A renewal that finds a graceful release requested (``ReleaseRequested``) keeps
 the grant renewed, but only until the operator's wait runs out.
+
+A renewal that hangs (a silent network partition) holds this thread up; the
+watchdog (``djlocks.watchdog``) tells the holders whose belief runs out meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 from djlocks import metrics
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.green import green_threads_warning
+from djlocks.watchdog import watchdog
 
 if TYPE_CHECKING:
     from djlocks.grant import Grant
@@ -66,6 +70,7 @@ class Heartbeat:
         renewal under way (run at interpreter exit: the thread, a daemon, is then
         not caught inside a store's client when the interpreter finalises, and the
         leases of grants still held end at their TTL)."""
+        watchdog.stop()
         with self._wake:
             self._stopping = True
             self._wake.notify()
@@ -76,6 +81,7 @@ class Heartbeat:
     def add(self, grant: Grant) -> None:
         """Renew ``grant`` every TTL/3 from now on, and at once when its store pushes news."""
         unwatch = self._watch(grant)
+        watchdog.watch(grant)
         with self._wake:
             if unwatch is not None:
                 self._unwatch[grant] = unwatch
@@ -119,6 +125,7 @@ class Heartbeat:
             self._wake.notify()
 
     def _forget(self, grant: Grant) -> None:
+        watchdog.discard(grant)
         with self._wake:
             self._entries.pop(grant, None)
             unwatch = self._unwatch.pop(grant, None)

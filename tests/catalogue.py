@@ -151,10 +151,30 @@ ITEMS = {
         "LD",
         "a session or row grant does not expire while its holder is paused",
     ),
+    "leader-cut-off": Item(
+        "A leader cut off from its store is replaced with a higher term, and steps down "
+        "before that where its grant is a lease",
+        "LMPRD",
+    ),
     "rw-reader-killed": Item(
         "A writer enters within the crash-release bound of a SIGKILLed reader",
         "LMPD",
         "the row backend cannot hold a reader-writer lock",
+    ),
+    "rw-writer-cut-off": Item(
+        "A writer cut off from its store: readers get in within the crash-release bound, "
+        "after the writer is told where its grants are leases",
+        "LMPD",
+        "the row backend cannot hold a reader-writer lock",
+    ),
+    "many-holder-killed": Item(
+        "A SIGKILLed holder of a set of names: the set is taken within the crash-release bound",
+        "LMPRD",
+    ),
+    "many-cut-off": Item(
+        "A holder of a set of names cut off from its store: the set is taken within the "
+        "crash-release bound, after the holder is told where its grants are leases",
+        "LMPRD",
     ),
     "sqlite-processes": Item(
         "SQLite with several processes", "L", "only the lease backend runs on SQLite"
@@ -175,9 +195,17 @@ ROW_ON_SQLITE = (
     "lock-covers-commit",
     "runlocked-supervision",
 )
-#: Items about replies lost or delayed on the network, or a server's crash: SQLite is a
-#: file, not a server.
-NETWORK_ITEMS = ("late-acquire-reply", "lost-acquire-reply", "lost-release-reply", "server-crash")
+#: Items about replies lost or delayed on the network, a holder cut off from its server, or
+#: a server's crash: SQLite is a file, not a server.
+NETWORK_ITEMS = (
+    "late-acquire-reply",
+    "lost-acquire-reply",
+    "lost-release-reply",
+    "server-crash",
+    "leader-cut-off",
+    "rw-writer-cut-off",
+    "many-cut-off",
+)
 
 
 def applies(slug: str, key: str) -> bool:

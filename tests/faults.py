@@ -5,7 +5,8 @@ options a test needs, which a test may kill and start again.
 The proxy forwards bytes both ways; a test can then delay the server's
 replies or swallow them (the request still reaches the server and is
 applied: the reply is what gets lost), refuse marked requests (their
-connection is cut before they reach the server), cut every connection, and
+connection is cut before they reach the server), cut every connection, cut
+its client off from the server (silently, or as an unreachable server), and
 heal it again.
 """
 
@@ -41,6 +42,10 @@ class TcpProxy:
         #: Cut the connection of any request containing these bytes, which never
         #: reaches the server: to its client the server is down for that request.
         self.refuse: bytes | None = None
+        #: A silent partition: nothing gets through either way, and no end hears of it.
+        self.silent = False
+        #: An unreachable server: each new connection is closed at once.
+        self.refuse_connections = False
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
@@ -52,6 +57,13 @@ class TcpProxy:
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
+                if self.refuse_connections:
+                    client.close()
+                    continue
+                if self.silent:  # held open, and never answered
+                    with self._guard:
+                        self._sockets.append(client)
+                    continue
                 server = socket.create_connection(self.target)
             except OSError:
                 return
@@ -71,7 +83,7 @@ class TcpProxy:
                 if not replies and marker is not None and marker in data:
                     self.drop_replies = True
                     self.dropping.set()
-                if replies and self.drop_replies:
+                if self.silent or (replies and self.drop_replies):
                     continue
                 if replies and self.reply_delay:
                     time.sleep(self.reply_delay)
@@ -90,11 +102,24 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 end.close()
 
+    def cut_off(self, *, silent: bool) -> None:
+        """Cut the client off from the server until ``heal()``. ``silent``: every byte
+        either way is swallowed and nothing is closed, as in a network partition, so
+        neither end hears of it; otherwise every connection is cut now (both ends see it
+        end) and new ones are refused, as with a server that cannot be reached."""
+        if silent:
+            self.silent = True
+        else:
+            self.refuse_connections = True
+            self.cut()
+
     def heal(self) -> None:
         self.reply_delay = 0.0
         self.drop_replies = False
         self.drop_replies_from = None
         self.refuse = None
+        self.silent = False
+        self.refuse_connections = False
         self.dropping.clear()
 
     def close(self) -> None:

@@ -22,8 +22,8 @@ from djlocks.inspection import force_release
 from djlocks.leadership import STEPPED_DOWN, Leadership, elected_name, election_name
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
-from tests.test_reliability import BACKENDS, FORCEABLE, LEASES
-from tests.workers import CONTEXT, campaign, start_worker
+from tests.test_reliability import BACKENDS, FORCEABLE, LEASES, NETWORKED
+from tests.workers import CONTEXT, campaign, proxied_worker, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 
@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 LEADER_TTL = 1.5
 #: The row backend on SQLite refuses a leadership (its grant holds the one write lock).
 ELECTING = [alias for alias in BACKENDS if not (alias == "row" and connection.vendor == "sqlite")]
+#: Backends whose store is a server that a leader can be cut off from.
+CUT_OFF = [*NETWORKED, "redis"]
 
 
 def recorded(events: queue.Queue[tuple[Any, ...]], who: str) -> dict[str, Callable[..., None]]:
@@ -180,6 +182,55 @@ def test_a_paused_leader_is_replaced_learns_it_was_deposed_and_its_term_is_refus
         worker.join(10)
     assert learned < LEADER_TTL / 3 + 0.3, learned
     bounds(f"paused leader learns it was deposed after it resumes (TTL {LEADER_TTL} s)", learned)
+
+
+@pytest.mark.catalogue("leader-cut-off")
+@pytest.mark.parametrize("backend", CUT_OFF)
+def test_a_leader_cut_off_from_its_store_is_replaced_and_its_term_is_refused(
+    backend: str, bounds: Callable[[str, float], None]
+) -> None:
+    """Leases: a silent partition. The leader steps down when its belief runs out, before
+    its lease ends at the store and the standby is elected. Session and row locks: its
+    connection is cut and the server unreachable. The server ends its session, so the
+    standby leads at once, and the old leader hears of it at its next check. Either way
+    the new term is higher and a write in the old term is refused."""
+    report = CONTEXT.Queue()
+    elected: list[float] = []
+    FencedCounter.objects.create(name="t-cut", value=0, fence=0)
+    counter = FencedCounter.objects.filter(name="t-cut")
+    with proxied_worker(backend, campaign, "t-cut", backend, LEADER_TTL, report, False) as (
+        proxy,
+        _,
+    ):
+        what, pid, old_term = report.get(timeout=30)
+        assert what == "elected"
+        standby = Leadership(
+            "t-cut", backend=backend, ttl=10, on_elected=lambda _: elected.append(time.monotonic())
+        ).start()
+        try:
+            assert not standby.wait_until_leader(0.2)
+            proxy.cut_off(silent=backend in LEASES)
+            cut = time.monotonic()
+            assert standby.wait_until_leader(LEADER_TTL + 5)
+            assert standby.term is not None and standby.term > old_term
+            fenced_update(counter, standby.term, value=1)
+            deposed = report.get(timeout=10)
+            assert deposed[:3] == ("deposed", pid, old_term)
+            with pytest.raises(StaleFence):
+                fenced_update(counter, old_term, value=99)
+            assert standby.check() == standby.term
+        finally:
+            standby.stop()
+    assert counter.get().value == 1
+    took_over, stepped_down = elected[0] - cut, deposed[4] - cut
+    if backend in LEASES:
+        assert stepped_down <= took_over, "the cut-off leader still led when the standby won"
+        assert took_over < LEADER_TTL + 1.0, f"the standby took over after {took_over:.3f} s"
+    else:
+        assert took_over < 1.0, f"the standby took over after {took_over:.3f} s"
+        assert stepped_down < LEADER_TTL / 3 + 1.0, f"stepped down after {stepped_down:.3f} s"
+    bounds(f"standby leads after its leader is cut off (leases: TTL {LEADER_TTL} s)", took_over)
+    bounds("a cut-off leader steps down", stepped_down)
 
 
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="no session backend on SQLite")

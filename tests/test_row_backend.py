@@ -263,6 +263,26 @@ def test_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client
         worker.join(20)
 
 
+@servers_only
+def test_a_holder_that_waited_for_its_row_is_listed_until_it_ends() -> None:
+    """On PostgreSQL a grant that waited took its row lock in a savepoint, under the XID
+    of a subtransaction, which pg_locks no longer shows once the savepoint is released.
+    (MariaDB lists a holder row younger than a second whose transaction it cannot see
+    yet: the listing ends within a second of the release.)"""
+    report = CONTEXT.Queue()
+    holder = start_worker(hold_then_report, "r:waited", 30, report, 1.0, ROW)
+    assert report.get(timeout=30)[0] == "held"
+    with lock("r:waited", timeout=20) as grant:
+        listed = backends[ROW].holders("r:waited")
+        assert [held.token for held in listed] == [grant.token], listed
+        grant.check()
+    deadline = time.monotonic() + 2
+    while backends[ROW].holders("r:waited"):
+        assert time.monotonic() < deadline, "the holder is still listed after its release"
+        time.sleep(0.05)
+    holder.join(20)
+
+
 @pytest.mark.catalogue("lost-acquire-reply", backend=ROW)
 @servers_only
 def test_a_lost_acquire_reply_leaves_no_orphan_lock() -> None:

@@ -12,8 +12,12 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from tests.faults import TcpProxy
 
 CONTEXT = multiprocessing.get_context("spawn")
 
@@ -51,6 +55,38 @@ def start_worker(target: Any, *args: Any) -> BaseProcess:
     process = CONTEXT.Process(target=_bootstrap, args=(names, target, args), daemon=True)
     process.start()
     return process
+
+
+@contextlib.contextmanager
+def proxied_worker(backend: str, target: Any, *args: Any) -> Iterator[tuple[TcpProxy, BaseProcess]]:
+    """``start_worker(target, *args)``, with the store of the backend ``backend`` (its
+    Redis, or else the database server) reached through a ``TcpProxy``; yield both, and
+    kill the worker at the end."""
+    from django.conf import settings
+    from django.db import connection
+
+    if backend == "redis":
+        url = urlsplit(settings.REDIS_URL)
+        proxy = TcpProxy(url.port or 6379, url.hostname or "127.0.0.1")
+        variable, value = "REDIS_URL", urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
+    else:
+        proxy = TcpProxy(int(connection.settings_dict["PORT"]), connection.settings_dict["HOST"])
+        variable, value = "DJLOCKS_DB_PORT", str(proxy.port)
+    before = os.environ.get(variable)
+    os.environ[variable] = value  # what the spawned child reads its settings from
+    try:
+        worker = start_worker(target, *args)
+    finally:
+        if before is None:
+            del os.environ[variable]
+        else:
+            os.environ[variable] = before
+    try:
+        yield proxy, worker
+    finally:
+        worker.kill()
+        worker.join(10)
+        proxy.close()
 
 
 def _bootstrap(names: dict[str, str], target: Any, args: tuple[Any, ...]) -> None:
@@ -255,4 +291,24 @@ def read_then_report(name: str, backend: str, ttl: float, report: Any) -> None:
 
     with db_rwlock(name, max_readers=4, backend=backend, ttl=ttl).read() as grant:
         report.put(grant.fence)
+        time.sleep(120)  # the test ends this process
+
+
+def hold_together_until_lost(kind: str, name: str, backend: str, ttl: float, report: Any) -> None:
+    """Take what is made of several grants: ``kind`` ``"writer"`` (the writer of the
+    ``db_rwlock`` ``name``) or ``"set"`` (``db_locks`` of ``name:a``, ``name:b``,
+    ``name:c``); report ("held", pid); at its first grant's loss report ("lost", reason,
+    monotonic time); hold until killed."""
+    from djlocks import db_locks, db_rwlock
+
+    def lost(grant: Any, reason: str) -> None:
+        report.put(("lost", reason, time.monotonic()))
+
+    options = {"backend": backend, "ttl": ttl, "on_lost": lost}
+    if kind == "writer":
+        held = db_rwlock(name, max_readers=4, **options).write()
+    else:
+        held = db_locks([f"{name}:a", f"{name}:b", f"{name}:c"], **options)
+    with held:
+        report.put(("held", os.getpid()))
         time.sleep(120)  # the test ends this process

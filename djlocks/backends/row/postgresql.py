@@ -44,14 +44,34 @@ WAIT_SETTINGS = (
 )
 
 
+#: The holder's connection holds the XID lock of a transaction now.
+IN_A_TRANSACTION = (
+    "SELECT 1 FROM pg_locks l WHERE l.locktype = 'transactionid' AND l.granted "
+    "AND l.pid = h.connection_id"
+)
+#: The 64-bit ``xid8`` of the row's locker (``r.xmax``, 32 bits): in the epoch of the
+#: next XID to be assigned, or the one before when that would put it in the future.
+LOCKER_XID8 = (
+    "(SELECT (CASE WHEN (n.next >> 32 << 32 | x.xid) < n.next THEN n.next >> 32 << 32 "
+    "ELSE ((n.next >> 32) - 1) << 32 END | x.xid)::text::xid8 "
+    "FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next) n, "
+    "(SELECT r.xmax::text::bigint AS xid) x)"
+)
+
+
 class PostgreSQLRows(ServerRowDialect):
     vendor = "postgresql"
     CONNECTION_ID = "pg_backend_pid()"
+    #: A holder row is live while its connection's transaction holds the slot's row
+    #: lock: the row's ``xmax`` is that transaction's XID or, for a grant that waited
+    #: (in a savepoint), its subtransaction's, whose own XID lock PostgreSQL drops at
+    #: ``RELEASE SAVEPOINT``; ``pg_xact_status()`` says such a subtransaction is
+    #: ``in progress`` until its parent ends.
     LIVE_HOLDERS = (
         "FROM djlocks_row_holder h "
         "JOIN djlocks_row_lock r ON r.name_key = h.name_key AND r.slot = h.slot "
-        "JOIN pg_locks l ON l.locktype = 'transactionid' AND l.granted "
-        "AND l.transactionid = r.xmax AND l.pid = h.connection_id WHERE TRUE"
+        f"WHERE r.xmax <> '0' AND EXISTS ({IN_A_TRANSACTION} AND (l.transactionid = r.xmax "
+        f"OR pg_xact_status({LOCKER_XID8}) = 'in progress'))"
     )
 
     def _wait_for_slot(

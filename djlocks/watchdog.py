@@ -1,0 +1,90 @@
+"""The belief watchdog: tells a holder that its grant is lost as soon as its belief runs
+out, even while the heartbeat's renewal of that grant hangs in the store's client.
+
+A renewal that neither succeeds nor fails (a silent network partition: no reply and
+no reset, until the client's socket time-out, if it has one) keeps the heartbeat's one
+thread. The holder's belief still ends on time (``Grant.believed`` reads the local
+monotonic clock); this thread makes ``on_lost`` and ``lock_lost`` hear of it then
+too, before the lease can end at the store and another holder get it. It does no
+I/O of its own: the loss goes into the history through the background writer. A
+grant held past its ``max_hold`` is left to the heartbeat, which takes it back at
+its store before it tells anyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from djlocks.grant import Grant
+
+watchdog_log = logging.getLogger("djlocks.renew")
+
+
+class Watchdog:
+    """Marks each watched grant lost when its belief runs out, on a daemon thread."""
+
+    def __init__(self) -> None:
+        self.forget_the_parent()
+
+    def forget_the_parent(self) -> None:
+        """Start empty: at first, and in a forked child (its parent's grants are the
+        parent's, and its thread did not come along)."""
+        self._wake = threading.Condition()
+        self._grants: set[Grant] = set()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def watch(self, grant: Grant) -> None:
+        """Mark ``grant`` lost once ``grant.believe_until()`` passes, unless discarded."""
+        with self._wake:
+            self._grants.add(grant)
+            self._wake.notify()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="djlocks-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def discard(self, grant: Grant) -> None:
+        """Stop watching ``grant`` (released, or lost already)."""
+        with self._wake:
+            self._grants.discard(grant)
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while (ran_out := self._next_ran_out()) is not None:
+            for grant in ran_out:
+                if grant.held_past_max_hold():
+                    continue  # the heartbeat's to take back first
+                try:
+                    grant.mark_lost(grant.ran_out_reason(), record_in_background=True)
+                except Exception:  # an on_lost callback or lock_lost receiver that raised
+                    watchdog_log.exception("telling the holder of %s of its loss failed", grant)
+
+    def _next_ran_out(self) -> list[Grant] | None:
+        """Wait until some watched grants' belief ran out; return them (no longer watched),
+        or ``None`` once stopped. A renewal moves a deadline later: the wait then ends
+        early, finds nothing ran out, and waits again."""
+        with self._wake:
+            while not self._stopping:
+                now = time.monotonic()
+                ran_out = [grant for grant in self._grants if grant.believe_until() <= now]
+                if ran_out:
+                    self._grants.difference_update(ran_out)
+                    return ran_out
+                deadlines = [grant.believe_until() for grant in self._grants]
+                self._wake.wait(min(deadlines) - now if deadlines else None)
+            return None
+
+
+watchdog = Watchdog()
+os.register_at_fork(after_in_child=watchdog.forget_the_parent)

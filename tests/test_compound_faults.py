@@ -1,0 +1,121 @@
+"""Faults of what is made of several grants: the writer of a ``db_rwlock`` and a set of
+names taken together with ``db_locks``, whose holder is SIGKILLed or cut off from its
+store. Another process gets in within the crash-release bound, and a holder cut off
+from a lease store is told of its loss before that."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+
+from djlocks import NotAcquired, db_locks, db_rwlock
+from tests.test_reliability import BACKENDS, LEASES, NETWORKED
+from tests.workers import CONTEXT, hold_together_until_lost, proxied_worker, start_worker
+
+pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
+
+#: Seconds: the lease of the holders that die or are cut off below.
+TTL = 1.5
+#: The row backend cannot hold a reader-writer lock.
+RW_BACKENDS = [alias for alias in BACKENDS if alias != "row"]
+#: Backends whose store is a server that a holder can be cut off from.
+CUT_OFF = [*NETWORKED, "redis"]
+
+
+def the_other_side(kind: str, name: str, backend: str, timeout: float) -> Any:
+    """What excludes the holder of ``kind``: a reader of the ``db_rwlock`` ``name``, or
+    the same set of names, taken from this process within ``timeout`` seconds."""
+    if kind == "writer":
+        return db_rwlock(name, max_readers=4, backend=backend, ttl=10).read(timeout=timeout)
+    names = [f"{name}:a", f"{name}:b", f"{name}:c"]
+    return db_locks(names, backend=backend, ttl=10, timeout=timeout)
+
+
+def gets_in_now(kind: str, name: str, backend: str) -> bool:
+    """Whether the other side of ``kind`` gets in at once (and it leaves again)."""
+    try:
+        with the_other_side(kind, name, backend, 0):
+            return True
+    except NotAcquired:
+        return False
+
+
+def seconds_until_entered(other: AbstractContextManager[Any], since: float) -> float:
+    with other:
+        return time.monotonic() - since
+
+
+@pytest.mark.catalogue("many-holder-killed")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_set_whose_holder_is_killed_is_taken_within_the_crash_release_bound(
+    backend: str, bounds: Callable[[str, float], None]
+) -> None:
+    report = CONTEXT.Queue()
+    holder = start_worker(hold_together_until_lost, "set", "t-set-killed", backend, TTL, report)
+    what, pid = report.get(timeout=30)
+    assert what == "held"
+    assert not gets_in_now("set", "t-set-killed", backend)
+    os.kill(pid, signal.SIGKILL)
+    holder.join(10)
+    killed = time.monotonic()
+    entered = seconds_until_entered(the_other_side("set", "t-set-killed", backend, TTL + 5), killed)
+    limit = TTL + 1.0 if backend in LEASES else 1.0
+    assert entered < limit, f"the set was taken {entered:.3f} s after its holder's kill"
+    bounds(f"a set is taken after its holder's SIGKILL (leases: TTL {TTL} s)", entered)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"),
+    [
+        *(
+            pytest.param(alias, "writer", marks=pytest.mark.catalogue("rw-writer-cut-off"))
+            for alias in CUT_OFF
+            if alias in RW_BACKENDS
+        ),
+        *(
+            pytest.param(alias, "set", marks=pytest.mark.catalogue("many-cut-off"))
+            for alias in CUT_OFF
+        ),
+    ],
+)
+def test_a_holder_cut_off_from_its_store_is_told_and_the_other_side_gets_in(
+    backend: str, kind: str, bounds: Callable[[str, float], None]
+) -> None:
+    """Leases: a silent partition; the holder hears of its loss when its belief runs
+    out, before its leases end at the store and the other side gets in. Session and row
+    locks: the connection is cut and the server unreachable; the server ends the
+    holder's session, so the other side gets in at once, and the holder hears of its
+    loss at its next check."""
+    name = f"t-cut-{kind}"
+    report = CONTEXT.Queue()
+    with proxied_worker(backend, hold_together_until_lost, kind, name, backend, TTL, report) as (
+        proxy,
+        _,
+    ):
+        assert report.get(timeout=30)[0] == "held"
+        other = the_other_side(kind, name, backend, TTL + 5)
+        assert not gets_in_now(kind, name, backend)
+        proxy.cut_off(silent=backend in LEASES)
+        cut = time.monotonic()
+        entered = seconds_until_entered(other, cut)
+        try:
+            what, reason, at = report.get(timeout=10)
+        except queue.Empty:
+            pytest.fail("the cut-off holder was never told of its loss")
+    assert what == "lost", reason
+    told = at - cut
+    if backend in LEASES:
+        assert told <= entered, "the cut-off holder still believed it held when the other got in"
+        assert entered < TTL + 1.0, f"the other side got in after {entered:.3f} s"
+    else:
+        assert entered < 1.0, f"the other side got in after {entered:.3f} s"
+        assert told < TTL / 3 + 1.0, f"the holder was told after {told:.3f} s"
+    bounds(f"the other side gets in after a {kind}'s holder is cut off (TTL {TTL} s)", entered)
+    bounds(f"a cut-off {kind}'s holder is told of its loss", told)
