@@ -167,9 +167,21 @@ ITEMS = {
         "LMPD",
         "the row backend cannot hold a reader-writer lock",
     ),
+    "rw-writer-paused": Item(
+        "A writer paused past its TTL: readers get in, and it is told of its loss on resuming",
+        "LD",
+        "a session grant does not expire while its holder is paused; the row backend cannot "
+        "hold a reader-writer lock",
+    ),
     "many-holder-killed": Item(
         "A SIGKILLed holder of a set of names: the set is taken within the crash-release bound",
         "LMPRD",
+    ),
+    "many-holder-paused": Item(
+        "A holder of a set of names paused past its TTL: the set is taken, and the holder is "
+        "told of its loss on resuming",
+        "LD",
+        "a session or row grant does not expire while its holder is paused",
     ),
     "many-cut-off": Item(
         "A holder of a set of names cut off from its store: the set is taken within the "

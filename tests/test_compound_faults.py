@@ -1,7 +1,7 @@
 """Faults of what is made of several grants: the writer of a ``db_rwlock`` and a set of
-names taken together with ``db_locks``, whose holder is SIGKILLed or cut off from its
-store. Another process gets in within the crash-release bound, and a holder cut off
-from a lease store is told of its loss before that."""
+names taken together with ``db_locks``, whose holder is SIGKILLed, paused, or cut off
+from its store. Another process gets in within the crash-release bound; a holder cut
+off from a lease store is told of its loss before that, a paused one when it resumes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ import pytest
 
 from djlocks import NotAcquired, db_locks, db_rwlock
 from tests.test_reliability import BACKENDS, LEASES, NETWORKED
-from tests.workers import CONTEXT, hold_together_until_lost, proxied_worker, start_worker
+from tests.workers import (
+    CONTEXT,
+    check_cut_off_bounds,
+    hold_together_until_lost,
+    proxied_worker,
+    start_worker,
+)
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 
@@ -111,11 +117,43 @@ def test_a_holder_cut_off_from_its_store_is_told_and_the_other_side_gets_in(
             pytest.fail("the cut-off holder was never told of its loss")
     assert what == "lost", reason
     told = at - cut
-    if backend in LEASES:
-        assert told <= entered, "the cut-off holder still believed it held when the other got in"
-        assert entered < TTL + 1.0, f"the other side got in after {entered:.3f} s"
-    else:
-        assert entered < 1.0, f"the other side got in after {entered:.3f} s"
-        assert told < TTL / 3 + 1.0, f"the holder was told after {told:.3f} s"
+    check_cut_off_bounds(lease=backend in LEASES, ttl=TTL, other_in=entered, told=told)
     bounds(f"the other side gets in after a {kind}'s holder is cut off (TTL {TTL} s)", entered)
     bounds(f"a cut-off {kind}'s holder is told of its loss", told)
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"),
+    [
+        pytest.param(alias, kind, marks=pytest.mark.catalogue(slug))
+        for alias in LEASES
+        for kind, slug in (("writer", "rw-writer-paused"), ("set", "many-holder-paused"))
+    ],
+)
+def test_a_holder_paused_past_its_ttl_is_passed_and_told_when_it_resumes(
+    backend: str, kind: str, bounds: Callable[[str, float], None]
+) -> None:
+    """SIGSTOP the holder past its TTL: the other side gets in; on SIGCONT the holder
+    is told of its loss at once, while the other side still holds."""
+    name = f"t-paused-{kind}"
+    report = CONTEXT.Queue()
+    holder = start_worker(hold_together_until_lost, kind, name, backend, TTL, report)
+    what, pid = report.get(timeout=30)
+    assert what == "held"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        with the_other_side(kind, name, backend, TTL + 5):
+            entered = time.monotonic() - paused
+            resumed = time.monotonic()
+            os.kill(pid, signal.SIGCONT)
+            what, reason, at = report.get(timeout=10)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        holder.kill()
+        holder.join(10)
+    assert what == "lost", reason
+    learned = at - resumed
+    assert entered < TTL + 1.0, f"the other side got in after {entered:.3f} s"
+    assert learned < TTL / 3 + 0.3, f"the holder was told {learned:.3f} s after it resumed"
+    bounds(f"a paused {kind}'s holder is told of its loss after it resumes (TTL {TTL} s)", learned)
