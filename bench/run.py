@@ -273,8 +273,9 @@ def render_task_queues(run: dict[str, Any]) -> list[str]:
         "worker with 2 pool processes runs them, the run-side work of each included; "
         "`left` counts the keys or holders still there afterwards. Killed: a run's pool "
         "process killed with SIGKILL (the OOM killer, a lost host), then seconds until its "
-        f"key can be enqueued again (djlocks' slot TTL: {run['ttl_s']} s; `never`: still "
-        f"refused after {run['watch_s']:.0f} s).",
+        f"key can be enqueued again, each library with its defaults (djlocks' slot TTL: "
+        f"{run['ttl_s']} s; celery-once's key expiry: an hour; celery-singleton's: none; "
+        f"`never`: still refused after {run['watch_s']:.0f} s).",
         "",
         "| contender | enqueue p50 / p99 | refuse a duplicate | refused | drain | left | killed |",
         "|---|---|---:|---:|---:|---:|---:|",

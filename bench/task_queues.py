@@ -14,7 +14,10 @@ database picked by ``DJLOCKS_DB``), whose run holds a ``limit_concurrency`` slot
   included; then the deduplication keys left behind (none is right).
 * Killed: a run of each whose pool process is killed with SIGKILL (as the OOM
   killer, a lost host, or a hard time limit the task does not answer would end it):
-  how long until the same key can be enqueued again, watched for ``WATCH_S`` seconds.
+  how long until the same key can be enqueued again, watched for ``WATCH_S`` seconds,
+  each library with its defaults (celery-once's keys expire after an hour,
+  celery-singleton's never; neither is renewed, so an expiry set shorter than the
+  longest run would let a duplicate in while it runs).
 
 Usage: DJLOCKS_DB=postgresql python bench/task_queues.py [--quick]. Prints one JSON
 document.
@@ -159,10 +162,12 @@ def dedup(contender: str, keys: int) -> dict[str, Any]:
     """Enqueue ``keys`` new keys, refuse them again, drain them with a worker."""
     enqueue, _, left_behind = CONTENDERS[contender]
     names = [f"{RUN}-{list(CONTENDERS).index(contender)}-{number}" for number in range(keys)]
+    warm_up = enqueue(f"{names[0]}-warm-up")  # connections opened, scripts loaded: untimed
     new, results = timed(enqueue, names)
     again, duplicates = timed(enqueue, names)
     with worker():
         runs = [result.get(timeout=300) for result in results]
+        warm_up.get(timeout=300)
     began, ended = min(start for start, _ in runs), max(end for _, end in runs)
     return {
         "contender": contender,

@@ -99,6 +99,7 @@ class Grant:
         self._believe_until = self._within_max_hold(believe_from + ttl * (1 - BELIEF_MARGIN))
         self._lost_reason: str | None = None
         self._loss_recorded = threading.Event()  # set once a loss is in the history
+        self._loss_teller: int | None = None  # the thread telling listeners of the loss
         self._released = False
         self._release_requested = False
         #: Where the metrics counted the grant (``djlocks.metrics``), until its end is
@@ -216,7 +217,7 @@ class Grant:
                 self.backend.release(self.name, self.token, self.spec.cooldown)
             except LockLost as exc:
                 self.mark_lost(str(exc), by_release=True)
-                self._loss_recorded.wait(LOSS_RECORD_WAIT)
+                self._wait_for_the_loss_record()
                 raise
             finally:
                 if self.scope is not None:
@@ -226,8 +227,15 @@ class Grant:
                 raise
             raise self._lost_before(lost_earlier, exc) from exc
         if lost_earlier is not None:
-            self._loss_recorded.wait(LOSS_RECORD_WAIT)
+            self._wait_for_the_loss_record()
             raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
+
+    def _wait_for_the_loss_record(self) -> None:
+        """Let the history say so too before the release raises ``LockLost``; not in the
+        thread telling listeners of the loss (a listener releasing the grant), whose
+        record comes once the listeners return."""
+        if self._loss_teller != threading.get_ident():
+            self._loss_recorded.wait(LOSS_RECORD_WAIT)
 
     def hand_over(self) -> str:
         """Stop holding the grant in this process without ending it at the store, for
@@ -266,6 +274,8 @@ class Grant:
         """
         length = self.ttl if lasts is None else min(self.ttl, lasts)
         with self._guard:
+            if self._lost_reason is not None:  # too late: the holder was told
+                return
             self._believe_until = self._within_max_hold(
                 renewal_started + length * (1 - BELIEF_MARGIN)
             )
@@ -356,6 +366,7 @@ class Grant:
             first = self._lost_reason is None and (by_release or not self._released)
             if first:
                 self._lost_reason = reason
+                self._loss_teller = threading.get_ident()
         if take_back:
             self.take_back()
         if not first:

@@ -194,6 +194,8 @@ class Heartbeat:
         else:
             grant.renewed(started, expires_at)
             metrics.renewed(grant, time.monotonic() - started)
+            if grant.lost_reason is not None:  # the watchdog told of its loss meanwhile
+                return None
         # A graceful release's wait may end before the next renewal: be there when it does.
         return min(started + grant.ttl / 3, grant.believe_until())
 

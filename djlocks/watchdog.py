@@ -6,9 +6,9 @@ no reset, until the client's socket time-out, if it has one) keeps the heartbeat
 thread. The holder's belief still ends on time (``Grant.believed`` reads the local
 monotonic clock); this thread makes ``on_lost`` and ``lock_lost`` hear of it then
 too, before the lease can end at the store and another holder get it. It does no
-I/O of its own: the loss goes into the history through the background writer. A
-grant held past its ``max_hold`` is left to the heartbeat, which takes it back at
-its store before it tells anyone.
+I/O of its own: the loss goes into the history through the background writer (a
+crash before the writer's next batch loses that record). A grant held past its
+``max_hold`` is taken back at its store by the heartbeat, once it can.
 """
 
 from __future__ import annotations
@@ -55,16 +55,21 @@ class Watchdog:
         with self._wake:
             self._grants.discard(grant)
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 1.0) -> None:
+        """Watch no more; wait up to ``wait`` seconds for listeners being told to return."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait)
 
     def _run(self) -> None:
         while (ran_out := self._next_ran_out()) is not None:
             for grant in ran_out:
-                if grant.held_past_max_hold():
-                    continue  # the heartbeat's to take back first
+                if time.monotonic() < grant.believe_until():  # renewed since: watch on
+                    self.watch(grant)
+                    continue
                 try:
                     grant.mark_lost(grant.ran_out_reason(), record_in_background=True)
                 except Exception:  # an on_lost callback or lock_lost receiver that raised

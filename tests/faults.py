@@ -114,6 +114,8 @@ class TcpProxy:
             self.cut()
 
     def heal(self) -> None:
+        if self.silent:
+            self.cut()  # the connections held silent were never forwarded: end them
         self.reply_delay = 0.0
         self.drop_replies = False
         self.drop_replies_from = None

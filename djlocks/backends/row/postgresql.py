@@ -49,11 +49,14 @@ IN_A_TRANSACTION = (
     "SELECT 1 FROM pg_locks l WHERE l.locktype = 'transactionid' AND l.granted "
     "AND l.pid = h.connection_id"
 )
-#: The 64-bit ``xid8`` of the row's locker (``r.xmax``, 32 bits): in the epoch of the
-#: next XID to be assigned, or the one before when that would put it in the future.
+#: The 64-bit ``xid8`` of the row's locker (``r.xmax``, 32 bits): the one nearest the
+#: snapshot's next XID (``n.next``), whose epoch is the one before when the locker's
+#: 32 bits are more than 2**31 above the next XID's (assigned before a wrap-around),
+#: the one after when more than 2**31 below (assigned after the snapshot, past a wrap).
 LOCKER_XID8 = (
-    "(SELECT (CASE WHEN (n.next >> 32 << 32 | x.xid) < n.next THEN n.next >> 32 << 32 "
-    "ELSE ((n.next >> 32) - 1) << 32 END | x.xid)::text::xid8 "
+    "(SELECT (CASE WHEN x.xid - (n.next & 4294967295) > 2147483648 AND n.next >= 4294967296 "
+    "THEN n.next - 4294967296 WHEN (n.next & 4294967295) - x.xid > 2147483648 "
+    "THEN n.next + 4294967296 ELSE n.next END >> 32 << 32 | x.xid)::text::xid8 "
     "FROM (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS next) n, "
     "(SELECT r.xmax::text::bigint AS xid) x)"
 )
