@@ -213,6 +213,17 @@ class RedisListener(PushListener):
             own.disconnect()
 
 
+def hung_up(socket: int) -> bool:
+    """Whether the peer of the socket ``socket`` (a file descriptor) hung up, or the socket
+    is closed: one ``poll`` that does not wait and reads nothing. ``False`` where
+    ``POLLRDHUP`` is missing (not Linux)."""
+    if not ClosedSockets.supported:
+        return False
+    poller = select.poll()
+    poller.register(socket, ClosedSockets.HANG_UP | select.POLLERR)
+    return bool(poller.poll(0))
+
+
 class ClosedSockets:
     """Tells when a server closes a watched connection (a session lock's, which a
     forced release kills): one thread per process polls the watched sockets for the

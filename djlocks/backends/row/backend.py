@@ -27,6 +27,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.idle import remove_idle_records
+from djlocks.backends.push import hung_up
 from djlocks.backends.row.dialect import RowDialect
 from djlocks.backends.row.transaction import OwnTransaction
 from djlocks.backends.server_records import ROW_TABLES, known_names
@@ -147,8 +148,16 @@ class RowLockBackend(LockBackend):
                 ) from exc
             raise
         with self._guard:
-            self._held[token] = _Held(threading.get_ident(), key, claim.slot)
+            self._held[token] = _Held(threading.get_ident(), key, claim.slot, self._socket())
         return GrantRecord(token, claim.slot, fence, None, scope=own)
+
+    def _socket(self) -> int | None:
+        """The file descriptor of this thread's connection to the server, which holds the
+        transaction; ``None`` on SQLite (a file)."""
+        connection = connections[self.using]
+        if connection.vendor == "sqlite":
+            return None
+        return int(connection.connection.fileno())
 
     def _taken_in_this_thread(self, key: str) -> frozenset[int]:
         """Slots of ``key`` that live grants of this thread hold.
@@ -187,7 +196,13 @@ class RowLockBackend(LockBackend):
             raise LockLost(f"The grant of {name!r} had ended before release.")
 
     def renew(self, name: str, token: str, ttl: float) -> datetime | None:
-        """Ask the server whether the holder's transaction still holds the row."""
+        """Ask the server whether the holder's transaction still holds the row; a
+        connection the server closed (a forced release, a lost network) ends it at once:
+        a transaction does not outlive its connection."""
+        with self._guard:
+            held = self._held.get(token)
+        if held is not None and held.socket is not None and hung_up(held.socket):
+            raise LockLost(f"The connection of the transaction holding {name!r} was closed.")
         if not self.is_held(name, token):
             with self._guard:
                 self._held.pop(token, None)
@@ -241,3 +256,4 @@ class _Held:
     thread: int
     key: str
     slot: int
+    socket: int | None  # the holding connection's file descriptor (None: SQLite)
