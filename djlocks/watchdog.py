@@ -77,8 +77,8 @@ class Watchdog:
 
     def _next_ran_out(self) -> list[Grant] | None:
         """Wait until some watched grants' belief ran out; return them (no longer watched),
-        or ``None`` once stopped. A renewal moves a deadline later: the wait then ends
-        early, finds nothing ran out, and waits again."""
+        or ``None`` once stopped. A renewal moves a deadline later: the wait still ends at
+        the deadline it was set for, finds nothing ran out, and waits again."""
         with self._wake:
             while not self._stopping:
                 now = time.monotonic()

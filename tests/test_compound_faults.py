@@ -17,6 +17,7 @@ import pytest
 
 from djlocks import NotAcquired, db_locks, db_rwlock
 from tests.test_reliability import BACKENDS, LEASES, NETWORKED
+from tests.test_rwlock import RW_BACKENDS
 from tests.workers import (
     CONTEXT,
     check_cut_off_bounds,
@@ -29,8 +30,6 @@ pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 
 #: Seconds: the lease of the holders that die or are cut off below.
 TTL = 1.5
-#: The row backend cannot hold a reader-writer lock.
-RW_BACKENDS = [alias for alias in BACKENDS if alias != "row"]
 #: Backends whose store is a server that a holder can be cut off from.
 CUT_OFF = [*NETWORKED, "redis"]
 
