@@ -71,13 +71,19 @@ class LeaseWaiter(models.Model):
         null=True,
         blank=True,
         help_text="The grant token a release hands the slot over with (where the store "
-        "hands over: PostgreSQL).",
+        "hands over: PostgreSQL, MySQL).",
     )
     ttl = models.FloatField(
         null=True, blank=True, help_text="The lease length (seconds) the waiter asked for."
     )
     slot_limit = models.IntegerField(
         null=True, blank=True, help_text="The number of slots the waiter asked for."
+    )
+    connection_id = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="The server session the waiter sleeps on, which a release that hands "
+        "it a slot wakes (MySQL: KILL QUERY).",
     )
 
     class Meta:

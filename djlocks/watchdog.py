@@ -38,12 +38,15 @@ class Watchdog:
         self._grants: set[Grant] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: The monotonic time the thread sleeps until (``None``: until woken).
+        self._sleeping_until: float | None = None
 
     def watch(self, grant: Grant) -> None:
         """Mark ``grant`` lost once ``grant.believe_until()`` passes, unless discarded."""
         with self._wake:
             self._grants.add(grant)
-            self._wake.notify()
+            if self._sleeping_until is None or grant.believe_until() < self._sleeping_until:
+                self._wake.notify()  # else the thread wakes first, and sees this grant then
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="djlocks-watchdog", daemon=True
@@ -87,7 +90,11 @@ class Watchdog:
                     self._grants.difference_update(ran_out)
                     return ran_out
                 deadlines = [grant.believe_until() for grant in self._grants]
-                self._wake.wait(min(deadlines) - now if deadlines else None)
+                self._sleeping_until = min(deadlines) if deadlines else None
+                self._wake.wait(
+                    None if self._sleeping_until is None else self._sleeping_until - now
+                )
+                self._sleeping_until = None
             return None
 
 

@@ -226,8 +226,8 @@ def applies(slug: str, key: str) -> bool:
         return slug in ROW_ON_SQLITE
     if key == "L:sqlite" and slug in NETWORK_ITEMS:
         return False
-    if key in ("L:sqlite", "L:mysql") and slug == "lost-wake-up":
-        return False  # their waiters poll: there is no notification to lose
+    if key == "L:sqlite" and slug == "lost-wake-up":
+        return False  # its waiters poll: there is no wake-up to lose
     if slug == "sqlite-processes":
         return key == "L:sqlite"
     return letter in ITEMS[slug].letters
@@ -345,8 +345,8 @@ def render(runs: Iterable[dict[str, object]]) -> str:
         "so a killed holder's fence is issued again (`holder-killed`)",
         f"- lease, SQLite: {_slugs(NETWORK_ITEMS)} are about a database server (replies lost "
         "on the network, a server's crash); SQLite is a file",
-        "- lease, SQLite and MariaDB: `lost-wake-up`, their waiters poll; only PostgreSQL's "
-        "are notified",
+        "- lease, SQLite: `lost-wake-up`, its waiters poll; PostgreSQL's are notified, "
+        "MariaDB's woken from their sleep in the server",
         "",
         "## Measured bounds (seconds)",
         "",

@@ -8,6 +8,7 @@ measured bounds go to docs/reliability.md (``make reliability``).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import subprocess
@@ -204,6 +205,9 @@ def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
             return 11  # got in beside the parent: through its session?
         with db_lock("c17:child", backend=backend, ttl=0.6):
             time.sleep(0.5)  # the child's heartbeat runs (every 0.2 s), for its own grant only
+        # The parent's connections, dropped by the child, are collected: that must not
+        # say goodbye to the server on the sockets the parent still uses.
+        gc.collect()
         return 0
     except BaseException:
         traceback.print_exc()

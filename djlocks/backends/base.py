@@ -59,12 +59,14 @@ class HolderInfo:
     label: str
     since: datetime
     expires_at: datetime | None
-    fence: int
+    #: ``None``: not known (a MariaDB grant whose record is not written yet).
+    fence: int | None
     token: str
     connection_id: int | None = None
     #: ``False``: djlocks' own record of this grant is not written (yet); the server
-    #: shows the grant, and who holds it with which fence, but no token, and ``since``
-    #: is when the holder's session last ran a statement.
+    #: shows the grant and who holds it (PostgreSQL: with its fence; MariaDB: the
+    #: client's address only), but no token, and ``since`` is when the holder's
+    #: session last ran a statement.
     recorded: bool = True
 
 

@@ -158,6 +158,24 @@ def _with_multi_statements(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "client_flag": flags | CLIENT.MULTI_STATEMENTS}
 
 
+def _detach_in_a_forked_child() -> None:
+    """In a forked child, point each inherited djlocks connection's socket descriptor at
+    ``/dev/null``. The child never uses them, but closing or collecting one there (its
+    finalizer, the driver's own clean-up) would otherwise say goodbye to the server on
+    the socket the parent still uses, and the server would end the parent's session:
+    a session lock the parent holds would be lost."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for wrapper in list(DedicatedConnections._every_thread):
+            with contextlib.suppress(Exception):  # a connection closed already has no socket
+                os.dup2(null, wrapper.connection.fileno())
+    finally:
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_detach_in_a_forked_child)
+
+
 def _close_quietly(connection: object) -> None:
     with contextlib.suppress(Exception):
         connection.close()  # type: ignore[attr-defined]

@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.core import checks
 from django.core.checks import CheckMessage, Error
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from djlocks.backends.base import WaiterInfo
 from djlocks.backends.described import owner_described
 from djlocks.backends.session import Key, Session, SessionBackend
+from djlocks.backends.session.inspection import Holding
 from djlocks.backends.session_deadlocks import Wait
 from djlocks.backends.sql import mysql
 from djlocks.conf import djlocks_settings
@@ -81,8 +84,14 @@ class GetLockBackend(SessionBackend):
         return messages
 
     def _prepare(self, session: Session) -> None:
+        """The idle limit; on MariaDB, if the server started since the fence sequence was
+        last raised to its clock, raise it (``sql.mysql.after_a_restart``) before any grant."""
         idle_limit = max(60, math.ceil(float(djlocks_settings()["TTL"])))
         session.run("SET SESSION wait_timeout = %s", (idle_limit,))
+        self.fences_in_grant = "mariadb" in session.wrapper.connection.get_server_info().lower()
+        if self.fences_in_grant and not session.execute(mysql.RESTART_MARKER_PRESENT)[0]:
+            with session.cursor() as cursor:
+                mysql.after_a_restart(cursor)
 
     def _connection_id(self, session: Session) -> int:
         with session.cursor() as cursor:
@@ -96,14 +105,36 @@ class GetLockBackend(SessionBackend):
         identity: str,
         fenced: bool = True,
     ) -> int | None:
-        """``GET_LOCK``; 0 when granted (this backend issues fences in ``_record``)."""
+        """``GET_LOCK``; when granted, the fence issued with it on MariaDB, else 0 (MySQL:
+        ``_record`` issues it)."""
+        fenced = fenced and self.fences_in_grant
         while True:  # a wait "forever" that ran out after FOREVER seconds waits again
             with session.cursor() as cursor:
-                granted = mysql.get_lock(cursor, str(key), seconds, identity)
+                granted = mysql.get_lock(cursor, str(key), seconds, identity, fenced)
             if granted is None:
                 raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
-            if granted == 1 or seconds is not None:
-                return 0 if granted == 1 else None
+            if granted != 0:
+                return granted if fenced else 0
+            if seconds is not None:
+                return None
+
+    def _slot_taken(self, slot: int) -> str:
+        return mysql.fenced_slot(slot) if self.fences_in_grant else str(slot)
+
+    def _attempt(
+        self,
+        session: Session,
+        granting: str,
+        params: Sequence[object],
+        columns: Sequence[str],
+        identity: str,
+    ) -> tuple[tuple[Any, ...], int | None]:
+        """On MariaDB, ``granting``'s ``granted`` is ``"<slot> <fence>"`` (``_slot_taken``)."""
+        row, fence = super()._attempt(session, granting, params, columns, identity)
+        if fence is None or not self.fences_in_grant:
+            return row, fence
+        slot, issued = str(row[0]).split()
+        return (int(slot), *row[1:]), int(issued)
 
     def _give_back(self, session: Session, key: Key) -> bool:
         with session.cursor() as cursor:
@@ -125,6 +156,24 @@ class GetLockBackend(SessionBackend):
         with session.cursor() as cursor:
             live.update(mysql.lock_holders(cursor, [str(key) for key in keys]))
         return live
+
+    def _holding_sessions(self, session: Session, keys: Sequence[Key]) -> dict[Key, Holding]:
+        """On MariaDB, where holder rows are written after the grant, with each holding
+        session's client address and last statement from the process list, so that a
+        holder whose row is not written yet is still shown."""
+        live = self._live_keys(session, keys)
+        if not self.fences_in_grant:
+            return {key: Holding(cid) for key, cid in live.items()}
+        with session.cursor() as cursor:
+            clients = mysql.client_addresses(cursor, sorted(set(live.values())))
+        now = timezone.now()
+        return {
+            key: Holding(
+                cid, since=now - timedelta(seconds=clients[cid][1]), address=clients[cid][0]
+            )
+            for key, cid in live.items()
+            if cid in clients
+        }
 
     def _waiting_calls(self, session: Session) -> list[tuple[int, str, str, datetime]]:
         """(connection id, key, description, since) of every djlocks ``GET_LOCK`` waiting."""

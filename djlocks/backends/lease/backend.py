@@ -111,10 +111,10 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
 
     def release(self, name: str, token: str, cooldown: float) -> None:
         """Free the slot (or hold it back for ``cooldown`` seconds); without a cool-down,
-        where the store hands over (``LeaseDialect.handing_over``), give it to the head
-        of the queue in the same statement."""
+        where the store hands over (``LeaseDialect.hand_over``), give it to the head
+        of the queue in the same round trip."""
         d = self.dialect
-        if not cooldown and d.handing_over is not None:
+        if not cooldown and d.hand_over is not None:
             released = self._hand_over(token)
         else:
             update = (

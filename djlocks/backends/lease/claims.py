@@ -1,13 +1,13 @@
-"""How the lease backend claims a slot: one statement for a lock, and for a
-semaphore on PostgreSQL; a short transaction for a semaphore elsewhere, the
-first use of a name or a change of its limit.
+"""How the lease backend claims a slot: one statement for a lock, and one round
+trip for a semaphore on PostgreSQL and MySQL; a short transaction for a semaphore
+on SQLite, the first use of a name or a change of its limit.
 
 A lock (limit 1) is claimed by one ``UPDATE`` that also issues the fence
 (``fence = fence + 1``) and refuses to pass a live waiter of the queue. A
 semaphore slot's claim locks the name's slot rows (``SELECT ... FOR UPDATE``;
 SQLite's ``BEGIN IMMEDIATE``), so the fence is one more than the largest fence
-of any slot of the name: on PostgreSQL in one ``UPDATE`` whose CTE locks them,
-elsewhere in a transaction.
+of any slot of the name: on PostgreSQL in one ``UPDATE`` whose CTE locks them, on
+MySQL in one batch of statements, elsewhere in a transaction.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ class LeaseClaims(LeaseStore):
     def _claim_at_once(self, request: AcquireRequest) -> ClaimStatement | None:
         """The one-statement claim for the request's rows, once they exist with its
         limit: a lock's everywhere, a semaphore slot's where the store can lock the
-        name's rows and update one of them in one statement (PostgreSQL)."""
+        name's rows and claim one of them in one round trip (PostgreSQL, MySQL)."""
         if request.limit == 1:
             return self._claim_lock
-        return self._claim_free_slot if self.dialect.slot_in_one_statement else None
+        return self._claim_free_slot if self.dialect.claim_free_slot is not None else None
 
     def _discard_token(self, token: str) -> None:
         try:
@@ -158,34 +158,24 @@ class LeaseClaims(LeaseStore):
         ticket: int,
         token: str,
     ) -> GrantRecord | None:
-        """``_claim_slot`` in one statement, for rows that exist with the request's limit:
-        lock the name's slots, take the lowest free one if more are free than live
-        waiters are ahead, with a fence one more than the name's largest."""
-        d = self.dialect
+        """``_claim_slot`` in one round trip, for rows that exist with the request's
+        limit (``LeaseDialect.claim_free_slot``)."""
+        claim = self.dialect.claim_free_slot
+        assert claim is not None
         ident = request.identity
+        params = {
+            "key": key,
+            "limit": request.limit,
+            "ticket": ticket,
+            "token": token,
+            "ttl": self.dialect.seconds_param(request.ttl),
+            "host": ident.host,
+            "pid": ident.pid,
+            "thread": ident.thread,
+            "label": ident.label,
+        }
         with closing(db.create_cursor()) as cursor:
-            cursor.execute(
-                f"WITH locked AS (SELECT slot, fence, "
-                f"(token IS NULL OR expires_at <= {d.now}) "
-                f"AND (cooldown_until IS NULL OR cooldown_until <= {d.now}) AS free "
-                f"FROM {SLOTS} WHERE name_key = %s AND slot_limit = %s "
-                f"ORDER BY slot{d.for_update}), "
-                f"chosen AS (SELECT min(slot) AS slot, count(*) AS free FROM locked WHERE free), "
-                f"ahead AS (SELECT count(*) AS waiting FROM {WAITERS} WHERE name_key = %s "
-                f"AND expires_at > {d.now} AND id < %s) "
-                f"UPDATE {SLOTS} SET token = %s, "
-                f"fence = (SELECT max(fence) FROM locked) + 1, acquired_at = {d.now}, "
-                f"expires_at = {d.plus_seconds}, cooldown_until = NULL, release_by = NULL, "
-                f"host = %s, pid = %s, thread = %s, label = %s FROM chosen, ahead "
-                f"WHERE {SLOTS}.name_key = %s AND {SLOTS}.slot = chosen.slot "
-                f"AND chosen.free > ahead.waiting "
-                f"RETURNING {SLOTS}.slot, {SLOTS}.fence, {SLOTS}.expires_at",
-                (
-                    *(key, request.limit, key, ticket, token, d.seconds_param(request.ttl)),
-                    *(ident.host, ident.pid, ident.thread, ident.label, key),
-                ),
-            )
-            row = cursor.fetchone()
+            row = claim(cursor, SLOTS, WAITERS, params)
         if row is None:
             return None
         return GrantRecord(token, int(row[0]), int(row[1]), as_datetime(row[2]))

@@ -6,11 +6,13 @@ newcomer cannot barge in. The row expires unless its waiter refreshes it
 (``WAITER_TTL``), so a killed waiter holds nobody back for long. Only the
 waiters that a free slot could serve poll, with back-off; the others poll
 more slowly the further back they are. On PostgreSQL a release ``NOTIFY``s
-the waiters (``LISTEN``), and polling is only the fallback for a lost wake-up.
+the waiters (``LISTEN``); on MySQL a waiter sleeps in the server and the
+release that hands it a slot ends the sleep (``KILL QUERY``). Polling is only
+the fallback for a lost wake-up there.
 
-Where the store hands over (``LeaseDialect.handing_over``: PostgreSQL), a
+Where the store hands over (``LeaseDialect.hand_over``: PostgreSQL, MySQL), a
 release without a cool-down gives the freed slot to the head of the queue in
-its own statement, under the token the waiter queued with, and the woken
+the same round trip, under the token the waiter queued with, and the woken
 waiter only reads its grant: a hand-off costs the waiter one round trip and no
 commit. A waiter that leaves the queue without taking a slot it was handed
 gives it to the next in line.
@@ -60,9 +62,13 @@ class LeaseQueue(LeaseClaims):
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
         self._leave_abandoned_places()
         heir_token = secrets.token_hex(16)  # what a release hands the slot over with
-        ticket = self._run(lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token))
+        sleeper = self._sleeper()
+        ticket = self._run(
+            lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+        )
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         listening = self._listen()
+        woken = listening or self.dialect.waking is not None  # a release wakes this waiter
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = POLL_MIN
         handed = False
@@ -78,9 +84,9 @@ class LeaseQueue(LeaseClaims):
                     grant = self._claim(request, key, ticket)
                     if grant is not None:
                         return grant
-                    pause = NOTIFIED_POLL if listening else head_poll
+                    pause = NOTIFIED_POLL if woken else head_poll
                     head_poll = min(head_poll * 1.5, POLL_MAX)
-                elif listening and self.dialect.handing_over is not None:
+                elif woken and self.dialect.hand_over is not None:
                     pause = slow_poll  # a release hands the slot over, and wakes this waiter
                 else:
                     # The next in line polls as often as the head, so it notices at
@@ -96,7 +102,7 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                if self._pause(pause, (key, f"{key} {ticket}"), abort, listening):
+                if self._pause(pause, (key, f"{key} {ticket}"), abort, listening, heir_token):
                     return None
         finally:
             if listening:
@@ -114,16 +120,40 @@ class LeaseQueue(LeaseClaims):
 
     def _hand_over(self, token: str) -> int:
         """Release the grant ``token`` and hand its slot to the head of the queue, in one
-        statement (``LeaseDialect.handing_over``); how many slots it released."""
-        handing_over = self.dialect.handing_over
-        assert handing_over is not None
-        statement = handing_over(SLOTS, WAITERS)
-        return self._run(lambda db: self._execute(db, statement, {"token": token}))
+        round trip (``LeaseDialect.hand_over``), then wake the heir where that takes a
+        second (MySQL's ``KILL QUERY``); how many slots it released."""
+        hand_over = self.dialect.hand_over
+        assert hand_over is not None
+
+        def release(db: BaseDatabaseWrapper) -> tuple[int, int | None]:
+            with closing(db.create_cursor()) as cursor:
+                return hand_over(cursor, SLOTS, WAITERS, token)
+
+        released, heir = self._run(release)
+        if heir is not None:
+            self._wake(heir)
+        return released
+
+    def _wake(self, session: int) -> None:
+        """End the sleep of the waiter on the server session ``session``
+        (``LeaseDialect.wake``)."""
+
+        wake = self.dialect.wake
+        assert wake is not None
+
+        def end_the_sleep(db: BaseDatabaseWrapper) -> None:
+            with closing(db.create_cursor()) as cursor:
+                wake(cursor, session)
+
+        try:
+            self._run(end_the_sleep, retry=False)
+        except BackendUnavailable as exc:
+            acquire_log.debug("could not wake the waiter on session %s: %s", session, exc)
 
     def _pass_on(self, heir_token: str) -> None:
         """Release the slot a release may have handed over with ``heir_token`` while
         this waiter left without it, so that the next in line gets it at once."""
-        if self.dialect.handing_over is None:
+        if self.dialect.hand_over is None:
             return
         try:
             self._hand_over(heir_token)
@@ -179,11 +209,19 @@ class LeaseQueue(LeaseClaims):
             cursor.execute(statement, ())
 
     def _pause(
-        self, seconds: float, wakes: tuple[str, ...], abort: Abort | None, listening: bool
+        self,
+        seconds: float,
+        wakes: tuple[str, ...],
+        abort: Abort | None,
+        listening: bool,
+        heir_token: str,
     ) -> bool:
         """Sleep up to ``seconds``, less if a release is notified with one of the
-        payloads ``wakes`` (a slot of the name freed, or handed to this waiter); True if
-        aborted."""
+        payloads ``wakes`` (a slot of the name freed, or handed to this waiter), or
+        hands this waiter a slot with ``heir_token`` where that wakes it
+        (``LeaseDialect.waking``); True if aborted."""
+        if self.dialect.waking is not None:
+            return self._sleep_in_the_server(seconds, abort, heir_token)
         if listening:
             end = time.monotonic() + seconds
             try:
@@ -202,6 +240,42 @@ class LeaseQueue(LeaseClaims):
         time.sleep(seconds)
         return False
 
+    def _sleep_in_the_server(self, seconds: float, abort: Abort | None, heir_token: str) -> bool:
+        """Sleep on this thread's sleeping session, the one the waiter's queue row names
+        (``_sleeper``), until a hand-over wakes it or ``seconds`` pass; with an
+        ``abort``, in slices of ``NOTIFIED_POLL`` seconds, so that an abort is seen as
+        soon. A session that fails is replaced at the next sleep, and this one is
+        slept locally. True if aborted."""
+        waking = self.dialect.waking
+        assert waking is not None
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
+            nap = left if abort is None else min(left, NOTIFIED_POLL)
+            try:
+                sleeper = self._listeners.get()
+                with sleeper.wrap_database_errors, closing(sleeper.create_cursor()) as cursor:
+                    if waking(cursor, SLOTS, heir_token, nap):
+                        break
+            except DatabaseError:
+                acquire_log.warning("sleeping in the server failed", exc_info=True)
+                self._listeners.discard()
+                if abort is not None:
+                    return abort.wait(left)
+                time.sleep(left)
+        return abort is not None and abort.is_set()
+
+    def _sleeper(self) -> int | None:
+        """The server session this thread's waits sleep on (``_sleep_in_the_server``),
+        where a hand-over wakes them; ``None`` elsewhere, or if it cannot be opened."""
+        session_id = self.dialect.session_id
+        if session_id is None:
+            return None
+        try:
+            return session_id(self._listeners.get().connection)
+        except DatabaseError:
+            self._listeners.discard()
+            return None
+
     def _enqueue(
         self,
         db: BaseDatabaseWrapper,
@@ -209,15 +283,17 @@ class LeaseQueue(LeaseClaims):
         key: str,
         waiter_ttl: float,
         heir_token: str,
+        sleeper: int | None,
     ) -> int:
         """Add the caller's waiter row, with the token, TTL and limit a release hands a
-        slot over with; its ``id``, the ticket."""
+        slot over with, and the session it sleeps on (``sleeper``); its ``id``, the
+        ticket."""
         d = self.dialect
         ident = request.identity
         sql = (
             f"INSERT INTO {WAITERS} (name_key, name, host, pid, thread, label, since, "
-            f"expires_at, token, ttl, slot_limit) "
-            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds}, %s, %s, %s)"
+            f"expires_at, token, ttl, slot_limit, connection_id) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, {d.now}, {d.plus_seconds}, %s, %s, %s, %s)"
         )
         params = (
             key,
@@ -230,6 +306,7 @@ class LeaseQueue(LeaseClaims):
             heir_token,
             request.ttl,
             request.limit,
+            sleeper,
         )
         with closing(db.create_cursor()) as cursor:
             if d.returning:
@@ -249,14 +326,14 @@ class LeaseQueue(LeaseClaims):
         """How many live waiters are ahead of ``ticket``, and the grant a release handed
         over with ``heir_token``, if any."""
         with closing(db.create_cursor()) as cursor:
-            if self.dialect.handing_over is None:
+            if self.dialect.hand_over is None:
                 return self._count_ahead(cursor, key, ticket), None
             now = self.dialect.now
             sent = time.monotonic()
             cursor.execute(
                 f"SELECT (SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
                 f"AND expires_at > {now} AND id < %s), s.slot, s.fence, s.expires_at, "
-                f"EXTRACT(EPOCH FROM s.expires_at - {now}) "
+                f"{self.dialect.seconds_until.format('s.expires_at')} "
                 f"FROM (SELECT 1) AS one LEFT JOIN {SLOTS} s "
                 f"ON s.token = %s AND s.expires_at > {now}",
                 (key, ticket, heir_token),

@@ -62,7 +62,8 @@ class SessionClaims(SessionStore):
 
     #: Whether the server issues each grant's fence in the granting statement itself
     #: (``_attempt``), so ``_record`` writes the holder row in the background; else
-    #: ``_record`` issues the fence with a durable write (``server_records``).
+    #: ``_record`` issues the fence with a durable write (``server_records``). A vendor
+    #: whose servers differ sets it in ``_prepare``, before a session's first grant.
     fences_in_grant = False
 
     def _attempt(
@@ -78,6 +79,11 @@ class SessionClaims(SessionStore):
         not granted, else the one the statement issued (``fences_in_grant``) or 0."""
         row = tuple(session.execute(granting, params))
         return row, None if row[0] is None else 0
+
+    def _slot_taken(self, slot: int) -> str:
+        """What the slot-trying statement's ``granted`` column is when it takes ``slot``
+        (SQL): the slot number, unless the vendor's ``_attempt`` reads more there."""
+        return str(slot)
 
     @abstractmethod
     def _give_back(self, session: Session, key: Key) -> bool:
@@ -226,7 +232,7 @@ class SessionClaims(SessionStore):
         issued with the grant (see ``_attempt``)."""
         first = random.randrange(request.limit)  # spread first tries over the slots
         order = [(first + offset) % request.limit for offset in range(request.limit)]
-        tries = " ".join(f"WHEN {self.try_sql} THEN {slot}" for slot in order)
+        tries = " ".join(f"WHEN {self.try_sql} THEN {self._slot_taken(slot)}" for slot in order)
         (got, oldest), fence = self._attempt(
             session,
             f"SELECT CASE {tries} END AS granted, (SELECT slot FROM {SESSION_TABLES.holder} "

@@ -206,9 +206,15 @@ class SessionStore(LockBackend):
         except DatabaseError as exc:
             with contextlib.suppress(Exception):
                 wrapper.close()
+            missing = (
+                " A djlocks table is missing: run `manage.py migrate djlocks`."
+                if "djlocks_" in str(exc)
+                and ("doesn't exist" in str(exc) or "does not exist" in str(exc))
+                else ""
+            )
             raise BackendUnavailable(
                 f"djlocks backend {self.alias!r} could not open a session on database "
-                f"{self.using!r}: {exc}"
+                f"{self.using!r}: {exc}.{missing}"
             ) from exc
         return session
 

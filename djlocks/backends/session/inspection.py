@@ -35,8 +35,12 @@ class Holding:
     #: What the session says of itself (PostgreSQL's ``application_name``: who holds,
     #: with the grant's fence, see ``described``); ``None`` where the server shows none.
     description: str | None = None
-    #: When the session last changed state (``pg_stat_activity.state_change``).
+    #: When the session last changed state (``pg_stat_activity.state_change``) or ran a
+    #: statement (MariaDB's process list).
     since: datetime | None = None
+    #: The client's address (``host:port``), where the server's view names no holder
+    #: (MariaDB's process list).
+    address: str | None = None
 
 
 class SessionInspection(SessionStore):
@@ -60,8 +64,12 @@ class SessionInspection(SessionStore):
     def holders(self, name: str | None = None) -> list[HolderInfo]:
         """Every live grant: its holder row where the row is this grant's (same server
         session and, where the server shows it, same fence); else, where the server
-        shows the holding session's own description, the holder from it, marked
-        ``recorded=False`` (a record the background writer has not written yet)."""
+        shows the holding session's own description (PostgreSQL) or its client's
+        address (MariaDB, whose view has no fence: ``fence=None``), the holder from
+        it, marked ``recorded=False`` (a record the background writer has not
+        written yet). On MariaDB a session that held the same slot before, for an
+        earlier grant of this process, is shown with that grant's row until the new
+        one is written (``background.LINGER`` seconds)."""
         holder_records.flush()  # this process's own grants are always listed in full
         rows = {self._row_key(row): row for row in self._holder_rows(name)}
         slots = {key: (row.name, row.slot, row.limit) for key, row in rows.items()}
@@ -82,7 +90,7 @@ class SessionInspection(SessionStore):
                 and shown in (None, row.fence)
             ):
                 found.append(self._recorded(row))
-            elif shown is not None and holding.since is not None:
+            elif holding.since is not None and (shown is not None or holding.address):
                 found.append(self._from_the_server(*slots[key], holding, shown))
         return sorted(found, key=lambda holder: (holder.name, holder.slot))
 
@@ -107,9 +115,10 @@ class SessionInspection(SessionStore):
         )
 
     def _from_the_server(
-        self, name: str, slot: int, limit: int, holding: Holding, fence: int
+        self, name: str, slot: int, limit: int, holding: Holding, fence: int | None
     ) -> HolderInfo:
         host, pid, label = parse_description(holding.description or "")
+        host = host or holding.address or ""
         owner = owner_described(holding.description or "")
         return HolderInfo(
             name=name,

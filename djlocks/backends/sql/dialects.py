@@ -6,8 +6,9 @@ these in once; the families read them through ``djlocks.backends.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,27 @@ class LeaseDialect:
     notifying: Callable[[str, bool, bool], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
-    #: One ``UPDATE`` can lock a name's slot rows (a CTE ``FOR UPDATE``) and claim
-    #: one of them (``lease.claims._claim_free_slot``); else a transaction does.
-    slot_in_one_statement: bool = False
-    #: Builds the release that hands the freed slot to the head of the queue, fence
-    #: and all, and wakes it, in one statement (``(slots, waiters) -> SQL``, with the
-    #: named parameter ``token``); ``None`` where a waiter claims a freed slot.
-    handing_over: Callable[[str, str], str] | None = None
+    #: Claims a free semaphore slot in one round trip, for rows that exist with the
+    #: request's limit: ``(cursor, slots, waiters, params) -> (slot, fence, expires_at)``
+    #: or ``None`` if none was taken (``lease.claims._claim_free_slot`` names the
+    #: ``params``); ``None`` where a transaction of several round trips claims it.
+    claim_free_slot: (
+        Callable[[Any, str, str, Mapping[str, object]], Sequence[Any] | None] | None
+    ) = None
+    #: Releases the grant ``token`` and hands the freed slot to the head of the queue,
+    #: fence and all, in one round trip: ``(cursor, slots, waiters, token) ->
+    #: (slots released, the heir's server session to wake or None)``; ``None`` where
+    #: a waiter claims a freed slot.
+    hand_over: Callable[[Any, str, str, str], tuple[int, int | None]] | None = None
+    #: Where a waiter sleeps in the server and a hand-over ends the sleep (MySQL's
+    #: ``KILL QUERY``): ``(cursor, slots, heir token, seconds)`` sleeps until the
+    #: slot is handed over with the token, or is woken, or the seconds run out; True
+    #: unless the seconds ran out. ``None`` where waiters are not woken that way.
+    waking: Callable[[Any, str, str, float], bool] | None = None
+    #: Ends the sleep of the waiter on a server session: ``(cursor, session)``.
+    wake: Callable[[Any, int], None] | None = None
+    #: The server's id of the session of a driver connection, with no round trip: the
+    #: session a waiter sleeps on (``waking``), which its queue row names.
+    session_id: Callable[[Any], int] | None = None
+    #: SQL for the seconds from the store's now until ``{}`` (a moment).
+    seconds_until: str = "{}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,155 @@ FIRST_FENCE = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))"
 
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
+
+def lease_claiming_free_slot(
+    cursor: Any, slots: str, waiters: str, params: Mapping[str, object]
+) -> Sequence[Any] | None:
+    """Claim a free slot in one round trip: a batch of statements in one transaction
+    (djlocks' own connections accept several statements per query) that locks the
+    name's slot rows, takes the lowest free slot if more are free than live waiters
+    are ahead, with a fence one more than the name's largest, commits, and reads the
+    claim back. Returns the slot, its fence and its expiry, or ``None``."""
+    now = "UTC_TIMESTAMP(6)"
+    name = "name_key = %(key)s AND slot_limit = %(limit)s"
+    try:
+        cursor.execute(
+            f"START TRANSACTION; "
+            f"SELECT MAX(fence) INTO @djlocks_top FROM {slots} WHERE {name} FOR UPDATE; "
+            f"SELECT MIN(slot), COUNT(*) INTO @djlocks_slot, @djlocks_free FROM {slots} "
+            f"WHERE {name} AND (token IS NULL OR expires_at <= {now}) "
+            f"AND (cooldown_until IS NULL OR cooldown_until <= {now}); "
+            f"SELECT COUNT(*) INTO @djlocks_ahead FROM {waiters} WHERE name_key = %(key)s "
+            f"AND expires_at > {now} AND id < %(ticket)s; "
+            f"UPDATE {slots} SET token = %(token)s, fence = @djlocks_top + 1, "
+            f"acquired_at = {now}, expires_at = {now} + INTERVAL %(ttl)s MICROSECOND, "
+            f"cooldown_until = NULL, release_by = NULL, host = %(host)s, pid = %(pid)s, "
+            f"thread = %(thread)s, label = %(label)s WHERE name_key = %(key)s "
+            f"AND slot = @djlocks_slot AND @djlocks_free > @djlocks_ahead; "
+            f"COMMIT; "
+            f"SELECT slot, fence, expires_at FROM {slots} WHERE token = %(token)s",
+            params,
+        )
+        while cursor.nextset():  # each statement's result in turn; an error raises here
+            if cursor.description:
+                row: Sequence[Any] | None = cursor.fetchone()
+                return row
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cursor.execute("ROLLBACK")  # a statement failed: the rest did not run
+        raise
+    raise AssertionError("the batch ended without reading the claim back")
+
+
+#: The heir a hand-over release chose, in the batch's user variables.
+HEIR = ("id", "token", "ttl", "host", "pid", "thread", "label", "connection_id", "slot_limit")
+
+
+def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, int | None]:
+    """Release the grant ``token`` and hand its slot to the head of the name's queue,
+    in one batch of statements and one transaction (as PostgreSQL's
+    ``lease_handing_over`` does in one statement; see its rules). Returns how many
+    slots it released and the server session the heir sleeps on, to wake with
+    ``KILL QUERY`` (``lease_sleep_until_handed``), or ``None`` if nobody was handed
+    the slot.
+
+    The name's slot rows are locked first, in slot order; the heir's queue row is
+    read with a locking read, so a waiter that leaves the queue meanwhile is either
+    handed the slot (and passes it on) or not considered.
+    """
+    now = "UTC_TIMESTAMP(6)"
+    heir = [f"@djlocks_heir_{column}" for column in HEIR]
+    handed = "@djlocks_heir_id IS NOT NULL"
+    kept = ", ".join(
+        f"{column} = IF({handed}, @djlocks_heir_{column}, {column})"
+        for column in ("host", "pid", "thread", "label")
+    )
+    try:
+        cursor.execute(
+            f"SET {', '.join(f'{variable} = NULL' for variable in heir)}, "
+            f"@djlocks_key = NULL, @djlocks_limit = NULL, @djlocks_mine = 0; "
+            f"START TRANSACTION; "
+            f"SELECT name_key, slot_limit INTO @djlocks_key, @djlocks_limit FROM {slots} "
+            f"WHERE token = %(token)s AND expires_at > {now}; "
+            f"SELECT MAX(fence) INTO @djlocks_top FROM {slots} "
+            f"WHERE name_key = @djlocks_key FOR UPDATE; "
+            f"SELECT COUNT(*) INTO @djlocks_mine FROM {slots} "
+            f"WHERE token = %(token)s AND expires_at > {now}; "
+            f"SELECT {', '.join(HEIR)} INTO {', '.join(heir)} FROM {waiters} "
+            f"WHERE name_key = @djlocks_key AND expires_at > {now} "
+            f"ORDER BY id LIMIT 1 FOR UPDATE; "
+            f"SET @djlocks_heir_id = IF(@djlocks_mine = 1 AND @djlocks_heir_token IS NOT NULL "
+            f"AND @djlocks_heir_slot_limit = @djlocks_limit, @djlocks_heir_id, NULL); "
+            f"DELETE FROM {waiters} WHERE id = @djlocks_heir_id; "
+            f"UPDATE {slots} SET "
+            f"fence = IF({handed}, @djlocks_top + 1, fence), "
+            f"acquired_at = IF({handed}, {now}, acquired_at), "
+            f"expires_at = IF({handed}, {now} + INTERVAL ROUND(@djlocks_heir_ttl * 1000000) "
+            f"MICROSECOND, NULL), "
+            f"cooldown_until = NULL, release_by = NULL, {kept}, "
+            f"token = IF({handed}, @djlocks_heir_token, NULL) "
+            f"WHERE token = %(token)s AND expires_at > {now}; "
+            f"SET @djlocks_released = ROW_COUNT(); "
+            f"COMMIT; "
+            f"SELECT @djlocks_released, IF({handed}, @djlocks_heir_connection_id, NULL)",
+            {"token": token},
+        )
+        while cursor.nextset():  # each statement's result in turn; an error raises here
+            if cursor.description:
+                released, session = cursor.fetchone()
+                return int(released), None if session is None else int(session)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cursor.execute("ROLLBACK")  # a statement failed: the rest did not run
+        raise
+    raise AssertionError("the batch ended without its outcome")
+
+
+#: ER_QUERY_INTERRUPTED: what a statement that ``KILL QUERY`` ended raises.
+QUERY_INTERRUPTED = 1317
+
+
+def lease_sleep_until_handed(cursor: Any, slots: str, token: str, seconds: float) -> bool:
+    """Sleep in the server for up to ``seconds``, unless a slot was already handed over
+    with ``token``; a hand-over's ``KILL QUERY`` ends the sleep early. True unless the
+    seconds ran out. The check and the sleep are one statement: a hand-over committed
+    before it began is seen, and one committed after it began is followed by its
+    ``KILL QUERY`` while it runs (a ``KILL QUERY`` of an idle session does nothing).
+    The session runs nothing else, so a late ``KILL QUERY`` ends a sleep, never a claim."""
+    try:
+        cursor.execute(
+            f"SELECT IF(EXISTS (SELECT 1 FROM {slots} WHERE token = %s "
+            f"AND expires_at > UTC_TIMESTAMP(6)), 1, SLEEP(%s))",
+            (token, seconds),
+        )
+        return bool(cursor.fetchone()[0])
+    except Exception as exc:
+        if exc.args and exc.args[0] == QUERY_INTERRUPTED:
+            return True
+        raise
+
+
+#: ER_NO_SUCH_THREAD, ER_KILL_DENIED_ERROR: the session is gone, or this user may not
+#: end its statements (another user's, without the CONNECTION ADMIN privilege).
+NO_SUCH_SESSION, NOT_YOURS = 1094, 1095
+
+
+def wake_sleeper(cursor: Any, session: int) -> None:
+    """End the sleep of the waiter on ``session`` (``KILL QUERY``). A session that is
+    gone, or that this database user may not touch, is left to its poll."""
+    try:
+        kill_query(cursor, session)
+    except Exception as exc:
+        if not exc.args or exc.args[0] not in (NO_SUCH_SESSION, NOT_YOURS):
+            raise
+
+
+def session_id(connection: Any) -> int:
+    """The server's id of a mysqlclient connection's session (``CONNECTION_ID()``), known
+    to the driver since it connected."""
+    return int(connection.thread_id())
+
+
 LEASE = LeaseDialect(
     now="UTC_TIMESTAMP(6)",
     plus_seconds="UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND",
@@ -38,6 +187,12 @@ LEASE = LeaseDialect(
     seconds_param=lambda seconds: round(seconds * 1_000_000),
     # Fewer gap locks, so concurrent claims deadlock less often.
     session_setup=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
+    claim_free_slot=lease_claiming_free_slot,
+    hand_over=lease_hand_over,
+    waking=lease_sleep_until_handed,
+    wake=wake_sleeper,
+    session_id=session_id,
+    seconds_until="TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {}) / 1000000",
 )
 
 
@@ -94,6 +249,92 @@ def record_grant(
     raise AssertionError("the batch ended without the fence")
 
 
+def record_holders(
+    cursor: Any,
+    tables: RecordTables,
+    holders: Sequence[Sequence[object]],
+    names: Sequence[Sequence[object]],
+) -> None:
+    """Write ``holders`` (rows in ``HOLDER_COLUMNS`` order, at most one per slot) where
+    no newer grant's row is already, and raise the fence rows of ``names`` (key, name,
+    limit, newest fence; one per name) to their newest fence: two statements, one
+    round trip. MySQL assigns ``ON DUPLICATE KEY UPDATE`` columns left to right, so the
+    fence, which the others compare with, comes last."""
+    newer = "VALUES(fence) > fence"
+    overwrite = ", ".join(
+        f"{column} = IF({newer}, VALUES({column}), {column})"
+        for column in OVERWRITTEN
+        if column != "fence"
+    )
+    row = "(" + ", ".join(["%s"] * len(HOLDER_COLUMNS.split(","))) + ")"
+    cursor.execute(
+        f"INSERT INTO {tables.holder} ({HOLDER_COLUMNS}) "
+        f"VALUES {', '.join([row] * len(holders))} "
+        f"ON DUPLICATE KEY UPDATE {overwrite}, fence = GREATEST(fence, VALUES(fence)); "
+        f"INSERT INTO {tables.fence} (name_key, name, slot_limit, fence, used_at) "
+        f"VALUES {', '.join(['(%s, %s, %s, %s, UTC_TIMESTAMP(6))'] * len(names))} "
+        f"ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence)), "
+        f"slot_limit = VALUES(slot_limit), used_at = VALUES(used_at)",
+        [value for rows in (holders, names) for record in rows for value in record],
+    )
+    while cursor.nextset():  # the second statement's outcome; an error raises here
+        pass
+
+
+# -- Fences issued in the locking statement (MariaDB: djlocks.backends.mysql) ------
+
+#: The sequence that issues the GET_LOCK backend's fences on MariaDB (migration 0009;
+#: MySQL has no sequences). Its values rise for every name at once, so each name's
+#: fences rise too.
+FENCE_SEQUENCE = "djlocks_session_fence_seq"
+#: A ``MEMORY`` table of at most one row. MariaDB empties ``MEMORY`` tables whenever
+#: the server starts (the manual, "MEMORY Storage Engine"): empty means the server
+#: started since the sequence was last raised to the clock (``after_a_restart``).
+RESTART_MARKER = "djlocks_session_fence_guard"
+RESTART_MARKER_PRESENT = f"SELECT EXISTS (SELECT 1 FROM {RESTART_MARKER})"
+
+
+def fenced_slot(slot: int) -> str:
+    """What a semaphore's slot-trying ``CASE`` answers when it takes ``slot``: the slot
+    and the fence issued in the same statement, as ``"<slot> <fence>"``."""
+    return f"CONCAT({slot}, ' ', NEXTVAL({FENCE_SEQUENCE}))"
+
+
+def after_a_restart(cursor: Any) -> None:
+    """Raise the fence sequence to the server's clock (microseconds since the epoch,
+    ``FIRST_FENCE``), then mark it done (``RESTART_MARKER``).
+
+    A sequence stores its next value only when its cache of values runs out, and
+    the manual does not say that this write is on disk before the values are handed
+    out: after a crash, the sequence may hand out again values it had handed out.
+    It never runs ahead of the clock, though: it starts at most there (migration
+    0009), rises by one per grant, far slower than the clock's microseconds, and is
+    raised to the clock at each start. So every value handed out before the crash is
+    below the clock when the server is back, and raising the sequence there clears
+    them all, whether or not any write before the crash reached the disk. This holds
+    while the server's clock does not go back across a restart (as for the Redis
+    backend's fences). ``SETVAL`` takes a literal and never lowers a sequence, so two
+    sessions that both find the marker missing both raise it, harmlessly.
+    """
+    cursor.execute(f"SELECT GREATEST(NEXTVAL({FENCE_SEQUENCE}), {FIRST_FENCE})")
+    floor = int(cursor.fetchone()[0])
+    cursor.execute(f"SELECT SETVAL({FENCE_SEQUENCE}, {floor})")
+    cursor.execute(f"INSERT IGNORE INTO {RESTART_MARKER} VALUES (true)")
+
+
+def client_addresses(cursor: Any, connection_ids: Sequence[int]) -> dict[int, tuple[str, float]]:
+    """The client address (``host:port``) and the seconds since its last statement of
+    each of the sessions ``connection_ids`` that still exists, from the process list."""
+    if not connection_ids:
+        return {}
+    cursor.execute(
+        f"SELECT ID, HOST, TIME_MS FROM information_schema.PROCESSLIST "
+        f"WHERE ID IN ({', '.join(['%s'] * len(connection_ids))})",
+        tuple(connection_ids),
+    )
+    return {int(cid): (str(host), float(ms) / 1000) for cid, host, ms in cursor.fetchall()}
+
+
 # -- Server sessions: who waits, who holds, killing a session -------------------
 
 #: Seconds; "forever" for GET_LOCK and innodb_lock_wait_timeout (MariaDB refuses a
@@ -125,14 +366,19 @@ def connection_id(cursor: Any) -> int:
     return int(cursor.fetchone()[0])
 
 
-def get_lock(cursor: Any, key: str, seconds: float | None, description: str) -> int | None:
+def get_lock(
+    cursor: Any, key: str, seconds: float | None, description: str, fenced: bool = False
+) -> int | None:
     """``GET_LOCK(key, seconds)`` (``None``: forever) with the waiter named in the process
-    list: 1 granted, 0 timed out, ``None`` interrupted or killed (the MySQL manual,
+    list: 1 granted (``fenced``: the fence the same statement issued, see
+    ``FENCE_SEQUENCE``), 0 timed out, ``None`` interrupted or killed (the MySQL manual,
     "Locking Functions"). Raises ``LockDeadlock`` when the server refuses a wait that
     would deadlock (MySQL 8 checks GET_LOCK waits for cycles)."""
+    granted = f"NEXTVAL({FENCE_SEQUENCE})" if fenced else "1"
     try:
         cursor.execute(
-            f"SELECT {sql_comment(description)} GET_LOCK(%s, %s)",
+            f"SELECT {sql_comment(description)} "
+            f"CASE GET_LOCK(%s, %s) WHEN 1 THEN {granted} WHEN 0 THEN 0 END",
             (key, FOREVER if seconds is None else seconds),
         )
     except DatabaseError as exc:

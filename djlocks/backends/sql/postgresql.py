@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
@@ -89,6 +89,43 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     )
 
 
+def lease_claiming_free_slot(
+    cursor: Any, slots: str, waiters: str, params: Mapping[str, object]
+) -> Sequence[Any] | None:
+    """Claim a free slot in one ``UPDATE``: its CTE locks the name's slot rows in slot
+    order, the lowest free slot is taken if more are free than live waiters are
+    ahead, with a fence one more than the name's largest. Returns the slot, its fence
+    and its expiry, or ``None``."""
+    now = "statement_timestamp()"
+    cursor.execute(
+        f"WITH locked AS (SELECT slot, fence, (token IS NULL OR expires_at <= {now}) "
+        f"AND (cooldown_until IS NULL OR cooldown_until <= {now}) AS free "
+        f"FROM {slots} WHERE name_key = %(key)s AND slot_limit = %(limit)s "
+        f"ORDER BY slot FOR UPDATE), "
+        f"chosen AS (SELECT min(slot) AS slot, count(*) AS free FROM locked WHERE free), "
+        f"ahead AS (SELECT count(*) AS waiting FROM {waiters} WHERE name_key = %(key)s "
+        f"AND expires_at > {now} AND id < %(ticket)s) "
+        f"UPDATE {slots} SET token = %(token)s, "
+        f"fence = (SELECT max(fence) FROM locked) + 1, acquired_at = {now}, "
+        f"expires_at = {now} + %(ttl)s * interval '1 second', cooldown_until = NULL, "
+        f"release_by = NULL, host = %(host)s, pid = %(pid)s, thread = %(thread)s, "
+        f"label = %(label)s FROM chosen, ahead "
+        f"WHERE {slots}.name_key = %(key)s AND {slots}.slot = chosen.slot "
+        f"AND chosen.free > ahead.waiting "
+        f"RETURNING {slots}.slot, {slots}.fence, {slots}.expires_at",
+        params,
+    )
+    row: Sequence[Any] | None = cursor.fetchone()
+    return row
+
+
+def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, None]:
+    """Release the grant ``token`` and hand its slot over (``lease_handing_over``): how
+    many slots it released; the heir is woken by the statement's ``NOTIFY``."""
+    cursor.execute(lease_handing_over(slots, waiters), {"token": token})
+    return int(cursor.rowcount), None
+
+
 LEASE = LeaseDialect(
     now="statement_timestamp()",
     plus_seconds="statement_timestamp() + %s * interval '1 second'",
@@ -99,8 +136,9 @@ LEASE = LeaseDialect(
     begin="BEGIN",
     seconds_param=float,
     notifying=lease_notifying,
-    slot_in_one_statement=True,
-    handing_over=lease_handing_over,
+    claim_free_slot=lease_claiming_free_slot,
+    hand_over=lease_hand_over,
+    seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
 )
 
 

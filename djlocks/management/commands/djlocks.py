@@ -231,7 +231,7 @@ class Command(BaseCommand):
             expiry = "session" if h.expires_at is None else f"{h.expires_at:%H:%M:%S}"
             connection = "" if h.connection_id is None else f"  connection {h.connection_id}"
             self._say(
-                f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {h.fence}  "
+                f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {_fence(h)}  "
                 f"{h.host}:{h.pid} {h.thread}  since {h.since:%Y-%m-%d %H:%M:%S}  "
                 f"expires {expiry}{connection}  {h.label}"
                 + ("" if h.recorded else "  (server's view: record not written yet)")
@@ -278,7 +278,7 @@ class Command(BaseCommand):
             raise CommandError(f"Nobody holds {name!r} {which}; nothing to release.")
         for h in holders:
             self._say(
-                f"{h.backend}  {h.name}  slot {h.slot}  fence {h.fence}  "
+                f"{h.backend}  {h.name}  slot {h.slot}  fence {_fence(h)}  "
                 f"held by {h.host}:{h.pid} since {h.since:%Y-%m-%d %H:%M:%S}  {h.label}"
             )
         if graceful:
@@ -496,3 +496,8 @@ def _accept_django_options(subcommand: ArgumentParser) -> None:
         subcommand.add_argument(flag, default=SUPPRESS, help=SUPPRESS)
     for flag in DJANGO_FLAGS:
         subcommand.add_argument(flag, action="store_true", default=SUPPRESS, help=SUPPRESS)
+
+
+def _fence(holder: HolderInfo) -> str:
+    """The holder's fence, or what stands for one the server's view does not show."""
+    return "not known yet" if holder.fence is None else str(holder.fence)
