@@ -5,6 +5,8 @@ its database with ``DJLOCKS_DB``) and prints one JSON document; this collects
 them into ``docs/benchmarks.json`` and renders ``docs/benchmarks.md``.
 
 Usage: python bench/run.py [--quick]
+       python bench/run.py --again DATABASE WORKLOAD... (after a fix: measure these
+       workloads on DATABASE again, in place of theirs in the last report, which says so)
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def render(report: dict[str, Any]) -> str:
         f"Python {report['machine']['python']}, Django {report['machine']['django']}, "
         f"{report['machine']['machine']}. Figures are medians and ratios from one run; "
         "each section names its workload, and bench/ holds their code.",
+        *(
+            f"Measured again on {again['when']}, after a change: {', '.join(again['workloads'])} "
+            f"on {again['database']} (each workload's contenders in one run of their own)."
+            for again in report.get("again", [])
+        ),
         "",
         "## Uncontended acquire + release",
         "",
@@ -291,7 +298,27 @@ def render_task_queues(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def measure_again(database: str, workloads: list[str]) -> None:
+    """Measure ``workloads`` on ``database`` again, put the results in the last report in
+    place of that database's, note it there, and write the report again."""
+    docs = ROOT / "docs"
+    report = json.loads((docs / "benchmarks.json").read_text())
+    for workload in workloads:
+        fresh = measure(workload, database, quick=False)
+        report[workload] = [
+            fresh if result.get("database") == database else result for result in report[workload]
+        ]
+    report.setdefault("again", []).append(
+        {"database": database, "workloads": workloads, "when": machine()["when"]}
+    )
+    (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")
+    (docs / "benchmarks.md").write_text(render(report))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--again"]:
+        measure_again(sys.argv[2], sys.argv[3:])
+        return
     quick = "--quick" in sys.argv
     report: dict[str, Any] = {
         "command": "make bench" + (" (quick)" if quick else ""),

@@ -211,7 +211,7 @@ def test_a_cut_notification_path_costs_at_most_a_poll(
     bounds: Callable[[str, float], None],
 ) -> None:
     """The session the waiter is woken on is ended in the server (PostgreSQL: its
-    LISTEN session; MySQL: the session it sleeps on, which its queue row names); the
+    LISTEN session; MySQL: the session it waits on, which its queue row names); the
     holder's release then never reaches it, and the waiter still gets the lock within
     its fallback poll."""
     holder = Lock("l:wake", ttl=30)
@@ -254,7 +254,7 @@ def _end_the_wake_up_session() -> int:
         cursor.execute(
             "SELECT ID FROM information_schema.PROCESSLIST "
             "WHERE INFO LIKE %s AND ID <> CONNECTION_ID()",
-            ("%SLEEP(%",),
+            ("%GET_LOCK('djlocks-wake/%",),
         )
         sleepers = [row[0] for row in cursor.fetchall()]
         for session in sleepers:

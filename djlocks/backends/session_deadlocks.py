@@ -17,7 +17,8 @@ A wait that has lasted ``CHECK_AFTER`` seconds (PostgreSQL's own
 ``deadlock_timeout`` is 1 s) is checked once, from another session, while it
 goes on waiting in the server. If its owner is on a cycle of owners, each
 waiting for a session another one holds, the waiter that began waiting last
-is the victim: its session is killed and its acquire raises ``LockDeadlock``.
+is the victim (of two that began at the same moment, the one with the higher
+connection id): its session is killed and its acquire raises ``LockDeadlock``.
 Every other waiter on the cycle began earlier, so the victim is always the
 last to check, and finds the cycle complete: there is one victim per cycle.
 Semaphore gates and slots are not followed (a gate's holder has no holder row).
@@ -78,7 +79,9 @@ def is_victim(me: int, waits: Iterable[Wait], owners: Holders) -> bool:
         if wait.owner is not None:
             waits_of.setdefault(wait.owner, []).append(wait)
     cycle = _cycle_through(mine.owner, waits_of, owners)
-    return cycle is not None and all(wait.since <= mine.since for wait in cycle)
+    # Two waits that began in the same microsecond: the higher connection id is last.
+    began = (mine.since, mine.waiter)
+    return cycle is not None and all((wait.since, wait.waiter) <= began for wait in cycle)
 
 
 def _cycle_through(

@@ -246,15 +246,16 @@ class LeaseQueue(LeaseClaims):
         ``abort``, in slices of ``NOTIFIED_POLL`` seconds, so that an abort is seen as
         soon. A session that fails is replaced at the next sleep, and this one is
         slept locally. True if aborted."""
-        waking = self.dialect.waking
-        assert waking is not None
+        waking, session_id = self.dialect.waking, self.dialect.session_id
+        assert waking is not None and session_id is not None
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
             nap = left if abort is None else min(left, NOTIFIED_POLL)
             try:
+                lease_session = session_id(self._connections.get().connection)
                 sleeper = self._listeners.get()
                 with sleeper.wrap_database_errors, closing(sleeper.create_cursor()) as cursor:
-                    if waking(cursor, SLOTS, heir_token, nap):
+                    if waking(cursor, SLOTS, heir_token, lease_session, nap):
                         break
             except DatabaseError:
                 acquire_log.warning("sleeping in the server failed", exc_info=True)

@@ -52,14 +52,16 @@ class LeaseDialect:
     #: a waiter claims a freed slot.
     hand_over: Callable[[Any, str, str, str], tuple[int, int | None]] | None = None
     #: Where a waiter sleeps in the server and a hand-over ends the sleep (MySQL's
-    #: ``KILL QUERY``): ``(cursor, slots, heir token, seconds)`` sleeps until the
-    #: slot is handed over with the token, or is woken, or the seconds run out; True
-    #: unless the seconds ran out. ``None`` where waiters are not woken that way.
-    waking: Callable[[Any, str, str, float], bool] | None = None
+    #: ``KILL QUERY``): ``(cursor, slots, heir token, the waiter's lease session,
+    #: seconds)`` sleeps until the slot is handed over with the token, or is woken, or
+    #: the seconds run out; True unless the seconds ran out. ``None`` where waiters
+    #: are not woken that way.
+    waking: Callable[[Any, str, str, int, float], bool] | None = None
     #: Ends the sleep of the waiter on a server session: ``(cursor, session)``.
     wake: Callable[[Any, int], None] | None = None
     #: The server's id of the session of a driver connection, with no round trip: the
-    #: session a waiter sleeps on (``waking``), which its queue row names.
+    #: session a waiter sleeps on (``waking``), which its queue row names, and the
+    #: waiter's lease session.
     session_id: Callable[[Any], int] | None = None
     #: SQL for the seconds from the store's now until ``{}`` (a moment).
     seconds_until: str = "{}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -133,24 +134,51 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
 QUERY_INTERRUPTED = 1317
 
 
-def lease_sleep_until_handed(cursor: Any, slots: str, token: str, seconds: float) -> bool:
-    """Sleep in the server for up to ``seconds``, unless a slot was already handed over
-    with ``token``; a hand-over's ``KILL QUERY`` ends the sleep early. True unless the
-    seconds ran out. The check and the sleep are one statement: a hand-over committed
-    before it began is seen, and one committed after it began is followed by its
-    ``KILL QUERY`` while it runs (a ``KILL QUERY`` of an idle session does nothing).
-    The session runs nothing else, so a late ``KILL QUERY`` ends a sleep, never a claim."""
+def wake_key(session: int) -> str:
+    """The named lock that the lease store's connection ``session`` holds while it is open
+    (``WAKE_KEY_TAKEN``), for its thread's sleeping session to wait on."""
+    return f"djlocks-wake/{session}"
+
+
+#: Run on each lease store connection as it opens: it takes its ``wake_key``.
+WAKE_KEY_TAKEN = "DO GET_LOCK(CONCAT('djlocks-wake/', CONNECTION_ID()), 0)"
+
+
+def lease_sleep_until_handed(
+    cursor: Any, slots: str, token: str, holder: int, seconds: float
+) -> bool:
+    """Wait in the server for up to ``seconds``, unless a slot was already handed over
+    with ``token``; a hand-over's ``KILL QUERY`` ends the wait early. True unless the
+    seconds ran out.
+
+    The wait is ``GET_LOCK`` on the ``wake_key`` that the waiter's own lease
+    connection ``holder`` holds, so it is never granted: ``KILL QUERY`` ends such a
+    wait at once. (A ``SLEEP()`` would do as a wait, but ``KILL QUERY`` of one can
+    hold up both the killer and the sleeper for two seconds when several sessions
+    sleep: MariaDB's sleeps share one mutex, which the killer must take.) The check
+    and the wait are one statement: a hand-over committed before it began is seen,
+    and one committed after it began is followed by its ``KILL QUERY`` while it runs
+    (a ``KILL QUERY`` of an idle session does nothing). The session runs nothing else,
+    so a late ``KILL QUERY`` ends a wait, never a claim. If the key was free (the
+    holding connection is gone), it is given back, and the seconds are slept here.
+    """
+    key = wake_key(holder)
     try:
         cursor.execute(
-            f"SELECT IF(EXISTS (SELECT 1 FROM {slots} WHERE token = %s "
-            f"AND expires_at > UTC_TIMESTAMP(6)), 1, SLEEP(%s))",
-            (token, seconds),
+            f"SELECT CASE WHEN EXISTS (SELECT 1 FROM {slots} WHERE token = %s "
+            f"AND expires_at > UTC_TIMESTAMP(6)) THEN 2 ELSE GET_LOCK(%s, %s) END",
+            (token, key, seconds),
         )
-        return bool(cursor.fetchone()[0])
+        outcome = cursor.fetchone()[0]
     except Exception as exc:
         if exc.args and exc.args[0] == QUERY_INTERRUPTED:
             return True
         raise
+    if outcome == 1:
+        cursor.execute("DO RELEASE_LOCK(%s)", (key,))
+        time.sleep(seconds)
+        return False
+    return bool(outcome != 0)
 
 
 #: ER_NO_SUCH_THREAD, ER_KILL_DENIED_ERROR: the session is gone, or this user may not
@@ -186,7 +214,7 @@ LEASE = LeaseDialect(
     begin="START TRANSACTION",
     seconds_param=lambda seconds: round(seconds * 1_000_000),
     # Fewer gap locks, so concurrent claims deadlock less often.
-    session_setup=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",),
+    session_setup=("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED", WAKE_KEY_TAKEN),
     claim_free_slot=lease_claiming_free_slot,
     hand_over=lease_hand_over,
     waking=lease_sleep_until_handed,
