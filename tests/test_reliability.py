@@ -72,10 +72,10 @@ CRASH_TTL, CRASH_ROUNDS = 1.5, 3
 def test_a_try_lock_burst_has_exactly_one_winner(backend: str) -> None:
     """20 processes released together by a barrier each try once (``timeout=0``):
     one wins, 19 are told no, and none gets an error."""
-    barrier = CONTEXT.Barrier(20)
-    report = CONTEXT.Queue()
-    workers = [start_worker(try_once, "c3", barrier, report, 1.0, backend) for _ in range(20)]
+    barrier, report, settled = CONTEXT.Barrier(20), CONTEXT.Queue(), CONTEXT.Event()
+    workers = [start_worker(try_once, "c3", barrier, report, settled, backend) for _ in range(20)]
     outcomes = sorted(report.get(timeout=60)[0] for _ in workers)
+    settled.set()
     for worker in workers:
         worker.join(30)
     assert outcomes.count("won") == 1 and outcomes.count("lost") == 19, outcomes

@@ -164,10 +164,14 @@ def hold_and_watch(name: str, ttl: float, report: Any, backend: str = "default")
     time.sleep(120)  # the test ends this process
 
 
-def try_once(name: str, barrier: Any, report: Any, hold: float, backend: str = "default") -> None:
-    """Line up on ``barrier``, try once, report the outcome, keep a win for ``hold`` s."""
+def try_once(name: str, barrier: Any, report: Any, settled: Any, backend: str = "default") -> None:
+    """Line up on ``barrier``, try once, report the outcome, keep a win until
+    ``settled`` is set (the parent has every outcome, so no late try meets a freed
+    name). The backend is opened before the barrier, so the tries are close."""
     from djlocks import Lock
+    from djlocks.backends import backends
 
+    backends[backend]  # import and connect now, not after the barrier
     lock = Lock(name, ttl=30, backend=backend)
     barrier.wait()
     try:
@@ -177,7 +181,7 @@ def try_once(name: str, barrier: Any, report: Any, hold: float, backend: str = "
         return
     report.put(("won" if won else "lost", os.getpid()))
     if won:
-        time.sleep(hold)
+        settled.wait(60)
         lock.release()
 
 
