@@ -26,7 +26,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import SLOTS, earlier
+from djlocks.backends.lease.store import SLOTS, WAITERS, earlier
 from djlocks.backends.sql import as_datetime
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
@@ -110,20 +110,33 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     # -- release, renew, check ---------------------------------------------
 
     def release(self, name: str, token: str, cooldown: float) -> None:
-        """Free the slot (or hold it back for ``cooldown`` seconds); without a cool-down,
-        where the store hands over (``LeaseDialect.hand_over``), give it to the head
-        of the queue in the same round trip."""
+        """Free the slot (or hold it back for ``cooldown`` seconds). Without a cool-down,
+        where the store hands over (``LeaseDialect.hand_over``), a name nobody waits
+        for is freed by one plain ``UPDATE``, and otherwise the slot goes to the head
+        of the queue in the same round trip.
+
+        A waiter that queues while that ``UPDATE`` runs (after it looked at the queue)
+        is neither handed the slot nor woken: its claim finds the slot free, at once
+        if its claim waited on the slot's row lock, else at its next poll
+        (``NOTIFIED_POLL``). Nobody barges in meanwhile: a claim never passes a
+        live waiter."""
         d = self.dialect
-        if not cooldown and d.hand_over is not None:
-            released = self._hand_over(token)
-        else:
-            update = (
-                f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
-                f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        hands_over = not cooldown and d.hand_over is not None
+        update = (
+            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        )
+        if hands_over:
+            update += (
+                f" AND NOT EXISTS (SELECT 1 FROM {WAITERS} w "
+                f"WHERE w.name_key = {SLOTS}.name_key AND w.expires_at > {d.now})"
             )
-            sql = self._notifying(update, waiters=True, holders=False)
-            params = (d.seconds_param(cooldown), token)
-            released = self._run(lambda db: self._execute(db, sql, params))
+        else:
+            update = self._notifying(update, waiters=True, holders=False)
+        params = (d.seconds_param(cooldown), token)
+        released = self._run(lambda db: self._execute(db, update, params))
+        if released != 1 and hands_over:
+            released = self._hand_over(token)
         if released == 1:
             release_log.debug("released %s", name)
             return
