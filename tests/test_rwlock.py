@@ -13,6 +13,7 @@ import pytest
 
 from djlocks import NotAcquired, db_rwlock
 from djlocks.backends import backends
+from djlocks.rwlock import GATE, RW_PREFIX
 from djlocks.stress import StressPlan, run_stress
 from tests.test_reliability import BACKENDS, LEASES
 from tests.workers import CONTEXT, read_then_report, start_worker
@@ -54,7 +55,11 @@ def test_readers_share_a_writer_waits_for_them_and_then_keeps_new_readers_out(
     try:
         assert first_in.wait(10) and second_in.wait(10), "two readers at once"
         threads.append(entered_in_a_thread(rw.write(), writer_in, writer_leaves))
-        assert not writer_in.wait(0.5), "the writer waits for the readers"
+        deadline = time.monotonic() + 30
+        while not backends[backend].holders(RW_PREFIX + "t-rw" + GATE):
+            assert time.monotonic() < deadline, "the writer never took the gate"
+            time.sleep(0.02)
+        assert not writer_in.is_set(), "the writer waits for the readers"
         threads.append(entered_in_a_thread(rw.read(), late_in, late_leaves))
         assert not late_in.wait(0.5), "a reader arriving after the writer waits for it"
         with pytest.raises(NotAcquired), rw.read(timeout=0.2):

@@ -76,6 +76,8 @@ class LeaseStore(LockBackend):
         for statement in self.dialect.session_setup:
             with wrapper.cursor() as cursor:
                 cursor.execute(statement)
+        if self.dialect.opened is not None:
+            self.dialect.opened(wrapper)
 
     @property
     def dialect(self) -> LeaseDialect:

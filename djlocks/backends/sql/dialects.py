@@ -39,6 +39,9 @@ class LeaseDialect:
     notifying: Callable[[str, bool, bool], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
+    #: Called with each dedicated connection (its Django wrapper) as it opens, after
+    #: ``session_setup``.
+    opened: Callable[[Any], object] | None = None
     #: Claims a free semaphore slot in one round trip, for rows that exist with the
     #: request's limit: ``(cursor, slots, waiters, params) -> (slot, fence, expires_at)``
     #: or ``None`` if none was taken (``lease.claims._claim_free_slot`` names the

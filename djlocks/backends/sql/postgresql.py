@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
 from djlocks.backends.sql.dialects import LeaseDialect
 
@@ -138,6 +139,7 @@ LEASE = LeaseDialect(
     notifying=lease_notifying,
     claim_free_slot=lease_claiming_free_slot,
     hand_over=lease_hand_over,
+    opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
 )
 

@@ -1,0 +1,77 @@
+"""Waking the lease waiters of a SQLite database: a datagram between processes of its host.
+
+Every process that uses a SQLite database file runs on the host that has the
+file, so the operating system can carry a release's news to the waiters,
+where PostgreSQL has ``NOTIFY`` and MariaDB ``KILL QUERY``. A waiter binds a Unix
+datagram socket named after the database file and its ticket in Linux's
+abstract socket namespace (no file to create or clean up; the name goes when
+the socket closes) and waits on it between its checks of the queue. A release
+that frees a slot sends an empty datagram to the first ``limit`` live waiters
+of the name, whose tickets the releasing ``UPDATE`` returns. A datagram is
+only a hint: the woken waiter checks the store as it would after a poll.
+
+Where there is no abstract namespace (not Linux) or a datagram cannot arrive
+(processes in different network namespaces, such as containers sharing the
+file), waiters fall back to polling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import select
+import socket
+import sys
+from collections.abc import Iterable
+
+#: Whether this system has Linux's abstract Unix socket namespace.
+ABSTRACT_NAMESPACE = sys.platform.startswith("linux")
+
+
+class HostWakeups:
+    """The wake-ups of the lease waiters of one SQLite database file ``database``."""
+
+    def __init__(self, database: str) -> None:
+        digest = hashlib.sha256(os.path.realpath(database).encode()).hexdigest()[:24]
+        self._prefix = f"\0djlocks-lease-{digest}-"
+
+    def _address(self, ticket: int) -> str:
+        return f"{self._prefix}{ticket}"
+
+    def open(self, ticket: int) -> socket.socket | None:
+        """The socket the waiter ``ticket`` is woken on, or ``None`` where it cannot have
+        one (then it polls)."""
+        if not ABSTRACT_NAMESPACE:
+            return None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            listener.bind(self._address(ticket))
+        except OSError:
+            listener.close()
+            return None
+        listener.setblocking(False)
+        return listener
+
+    def wake(self, tickets: Iterable[int]) -> None:
+        """Send each waiter of ``tickets`` a wake-up; one that has gone, or cannot take
+        it now, is skipped (it polls)."""
+        if not ABSTRACT_NAMESPACE:
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.setblocking(False)
+            for ticket in tickets:
+                with contextlib.suppress(OSError):
+                    sender.sendto(b"", self._address(ticket))
+
+    @staticmethod
+    def wait(listener: socket.socket, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a wake-up on ``listener``; whether one came. Every
+        wake-up that came is consumed."""
+        ready, _, _ = select.select([listener], [], [], max(seconds, 0.0))
+        if not ready:
+            return False
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                listener.recv(1)
+        return True
