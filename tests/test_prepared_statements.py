@@ -43,6 +43,17 @@ def test_a_direct_connection_prepares_the_lease_statements() -> None:
         assert cursor.fetchone()[0] > 0, "nothing was prepared"
 
 
+def test_a_direct_session_prepares_the_advisory_lock_statements() -> None:
+    for _ in range(10):
+        with Lock("prepared:session", backend="session", timeout=30):
+            pass
+    session = backends["session"]._checkout()  # type: ignore[attr-defined]
+    try:
+        assert session.execute("SELECT count(*) FROM pg_prepared_statements")[0] > 0
+    finally:
+        backends["session"]._checkin(session)  # type: ignore[attr-defined]
+
+
 @pytest.fixture
 def bouncer() -> Iterator[PgBouncer]:
     """PgBouncer in transaction mode in front of the test server."""

@@ -25,6 +25,7 @@ from django.db import DatabaseError
 
 from djlocks.backends.base import WaiterInfo
 from djlocks.backends.described import owner_described
+from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.session import Key, Session, SessionBackend
 from djlocks.backends.session.inspection import Holding
 from djlocks.backends.session_deadlocks import Wait
@@ -58,6 +59,7 @@ class AdvisoryLockBackend(SessionBackend):
         """Keep-alives, no idle limits, durable commits; and, if the server crashed
         since the fence sequence was last marked, move the sequence past every value it
         may hand out again (``sql.postgresql.AFTER_A_CRASH``) before any grant."""
+        prepare_where_direct(session.wrapper)
         settings = {
             **KEEPALIVE,
             **dict.fromkeys(NO_IDLE_LIMITS, "0"),
