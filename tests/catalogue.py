@@ -226,8 +226,6 @@ def applies(slug: str, key: str) -> bool:
         return slug in ROW_ON_SQLITE
     if key == "L:sqlite" and slug in NETWORK_ITEMS:
         return False
-    if key == "L:sqlite" and slug == "lost-wake-up":
-        return False  # its waiters poll: there is no wake-up to lose
     if slug == "sqlite-processes":
         return key == "L:sqlite"
     return letter in ITEMS[slug].letters

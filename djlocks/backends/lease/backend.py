@@ -134,7 +134,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         else:
             update = self._notifying(update, waiters=True, holders=False)
         params = (d.seconds_param(cooldown), token)
-        released = self._run(lambda db: self._execute(db, update, params))
+        released = self._run(lambda db: self._execute_freeing(db, update, params))
         if released != 1 and hands_over:
             released = self._hand_over(token)
         if released == 1:
@@ -241,7 +241,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         else:
             sql += " AND token IS NOT NULL"
         revoking = self._notifying(sql, waiters=True, holders=True)
-        return self._run(lambda db: self._execute(db, revoking, params))
+        return self._run(lambda db: self._execute_freeing(db, revoking, params))
 
     def request_release(self, name: str, token: str, wait: float) -> int:
         """Cut the lease to end ``wait`` seconds from the database's now at the latest

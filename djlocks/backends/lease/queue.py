@@ -7,8 +7,9 @@ newcomer cannot barge in. The row expires unless its waiter refreshes it
 waiters that a free slot could serve poll, with back-off; the others poll
 more slowly the further back they are. On PostgreSQL a release ``NOTIFY``s
 the waiters (``LISTEN``); on MySQL a waiter sleeps in the server and the
-release that hands it a slot ends the sleep (``KILL QUERY``). Polling is only
-the fallback for a lost wake-up there.
+release that hands it a slot ends the sleep (``KILL QUERY``); on SQLite a
+release sends the first waiters a datagram on their host (``lease.wakeups``).
+Polling is only the fallback for a lost wake-up there.
 
 Where the store hands over (``LeaseDialect.hand_over``: PostgreSQL, MySQL), a
 release without a cool-down gives the freed slot to the head of the queue in
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import socket
 import time
 from contextlib import closing
 
@@ -31,6 +33,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
 from djlocks.backends.lease.store import SLOTS, WAITERS
+from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.sql import as_datetime, postgresql
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
@@ -68,10 +71,13 @@ class LeaseQueue(LeaseClaims):
         )
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         listening = self._listen()
-        woken = listening or self.dialect.waking is not None  # a release wakes this waiter
+        wakeups = self.host_wakeups
+        woken_here = None if wakeups is None else wakeups.open(ticket)
+        # A release wakes this waiter:
+        woken = listening or woken_here is not None or self.dialect.waking is not None
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = POLL_MIN
-        handed = False
+        handed = claimed = False
         try:
             while True:
                 ahead, grant = self._run(
@@ -83,11 +89,12 @@ class LeaseQueue(LeaseClaims):
                 if ahead < request.limit:
                     grant = self._claim(request, key, ticket)
                     if grant is not None:
+                        claimed = True
                         return grant
                     pause = NOTIFIED_POLL if woken else head_poll
                     head_poll = min(head_poll * 1.5, POLL_MAX)
-                elif woken and self.dialect.hand_over is not None:
-                    pause = slow_poll  # a release hands the slot over, and wakes this waiter
+                elif woken:
+                    pause = slow_poll  # the release that makes this waiter next wakes it
                 else:
                     # The next in line polls as often as the head, so it notices at
                     # once when it moves up; everyone further back polls less often.
@@ -102,13 +109,18 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                if self._pause(pause, (key, f"{key} {ticket}"), abort, listening, heir_token):
+                wakes = (key, f"{key} {ticket}")
+                if self._pause(pause, wakes, abort, listening, heir_token, woken_here):
                     return None
         finally:
             if listening:
                 self._unlisten()
+            if woken_here is not None:
+                woken_here.close()
             if not handed and not self._leave_queue(ticket):
                 self._pass_on(heir_token)
+            elif woken_here is not None and not claimed:
+                self._wake_next(key, request.limit)
 
     def _leave_queue(self, ticket: int) -> bool:
         """Give up the place ``ticket``; True if it was still queued (so nothing was
@@ -117,6 +129,26 @@ class LeaseQueue(LeaseClaims):
         that this process's next wait gives it up first instead of queueing behind it
         until it expires (WAITER_TTL)."""
         return bool(self._leave_places([ticket]))
+
+    def _wake_next(self, key: str, limit: int) -> None:
+        """Wake the name's first ``limit`` live waiters on this host (``host_wakeups``):
+        a waiter that leaves without a slot may leave one free for them."""
+        wakeups = self.host_wakeups
+        assert wakeups is not None
+        sql = (
+            f"SELECT id FROM {WAITERS} WHERE name_key = %s AND expires_at > {self.dialect.now} "
+            f"ORDER BY id LIMIT %s"
+        )
+
+        def first(db: BaseDatabaseWrapper) -> list[int]:
+            with closing(db.create_cursor()) as cursor:
+                cursor.execute(sql, (key, limit))
+                return [int(ticket) for (ticket,) in cursor.fetchall()]
+
+        try:
+            wakeups.wake(self._run(first))
+        except BackendUnavailable as exc:
+            acquire_log.debug("could not wake the next waiters of %s: %s", key, exc)
 
     def _hand_over(self, token: str) -> int:
         """Release the grant ``token`` and hand its slot to the head of the queue, in one
@@ -215,13 +247,23 @@ class LeaseQueue(LeaseClaims):
         abort: Abort | None,
         listening: bool,
         heir_token: str,
+        woken_here: socket.socket | None,
     ) -> bool:
         """Sleep up to ``seconds``, less if a release is notified with one of the
         payloads ``wakes`` (a slot of the name freed, or handed to this waiter), or
         hands this waiter a slot with ``heir_token`` where that wakes it
-        (``LeaseDialect.waking``); True if aborted."""
+        (``LeaseDialect.waking``), or sends a wake-up to ``woken_here``
+        (``lease.wakeups``); True if aborted."""
         if self.dialect.waking is not None:
             return self._sleep_in_the_server(seconds, abort, heir_token)
+        if woken_here is not None:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
+                if HostWakeups.wait(
+                    woken_here, left if abort is None else min(left, NOTIFIED_POLL)
+                ):
+                    break
+            return abort is not None and abort.is_set()
         if listening:
             end = time.monotonic() + seconds
             try:

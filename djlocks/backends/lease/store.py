@@ -21,6 +21,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import LockBackend
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import PostgresListener
 from djlocks.backends.sql import database_now, lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect
@@ -66,6 +67,7 @@ class LeaseStore(LockBackend):
         # with that limit
         self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
+        self._host_wakeups: HostWakeups | None = None
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
@@ -140,6 +142,32 @@ class LeaseStore(LockBackend):
         with closing(db.create_cursor()) as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+
+    @property
+    def host_wakeups(self) -> HostWakeups | None:
+        """The wake-ups of this database's waiters through the operating system, where
+        the releaser learns whom to wake (``LeaseDialect.returning_heads``)."""
+        if self.dialect.returning_heads is None:
+            return None
+        if self._host_wakeups is None:
+            from django.db import connections
+
+            self._host_wakeups = HostWakeups(str(connections[self.using].settings_dict["NAME"]))
+        return self._host_wakeups
+
+    def _execute_freeing(
+        self, db: BaseDatabaseWrapper, update: str, params: Sequence[object]
+    ) -> int:
+        """Run ``update``, which frees slots, and wake the first waiters of their names on
+        this host where the store returns them (``host_wakeups``); the rows it changed."""
+        wakeups, returning_heads = self.host_wakeups, self.dialect.returning_heads
+        if wakeups is None or returning_heads is None:
+            return self._execute(db, update, params)
+        with closing(db.create_cursor()) as cursor:
+            cursor.execute(returning_heads(update, SLOTS, WAITERS), params)
+            rows = cursor.fetchall()  # all of them: the statement ends, and commits
+        wakeups.wake(int(ticket) for (heads,) in rows if heads for ticket in heads.split(","))
+        return len(rows)
 
     def _notifying(self, update: str, *, waiters: bool, holders: bool) -> str:
         """``update``, which also wakes the ``waiters`` and tells the ``holders`` in the

@@ -39,6 +39,12 @@ class LeaseDialect:
     notifying: Callable[[str, bool, bool], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
+    #: Makes an ``UPDATE`` that frees slots (``(update, slots, waiters) -> SQL``) also
+    #: return, per slot it changed, the tickets of the name's first ``slot_limit`` live
+    #: waiters (comma-separated, or NULL), whom the releaser wakes through the
+    #: operating system (``lease.wakeups``: SQLite, whose processes share one host);
+    #: ``None`` where releases wake waiters otherwise.
+    returning_heads: Callable[[str, str, str], str] | None = None
     #: Called with each dedicated connection (its Django wrapper) as it opens, after
     #: ``session_setup``.
     opened: Callable[[Any], object] | None = None

@@ -15,8 +15,22 @@ FIRST_FENCE = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
 
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
+NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def lease_returning_heads(update: str, slots: str, waiters: str) -> str:
+    """``update`` (of the table ``slots``) returning, per changed slot, the tickets of the
+    name's first ``slot_limit`` live waiters, comma-separated (NULL if none)."""
+    return (
+        f"{update} RETURNING (SELECT group_concat(w.id) FROM {waiters} w "
+        f"WHERE w.name_key = {slots}.name_key AND w.expires_at > {NOW} "
+        f"AND (SELECT COUNT(*) FROM {waiters} v WHERE v.name_key = w.name_key "
+        f"AND v.expires_at > {NOW} AND v.id < w.id) < {slots}.slot_limit)"
+    )
+
+
 LEASE = LeaseDialect(
-    now="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')",
+    now=NOW,
     plus_seconds="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
     for_update="",
     returning=True,
@@ -25,4 +39,5 @@ LEASE = LeaseDialect(
     # No row locks: IMMEDIATE takes the database's write lock up front.
     begin="BEGIN IMMEDIATE",
     seconds_param=lambda seconds: f"{seconds:+.3f} seconds",
+    returning_heads=lease_returning_heads,
 )
