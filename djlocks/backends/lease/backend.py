@@ -26,7 +26,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import SLOTS, WAITERS, earlier
+from djlocks.backends.lease.store import QUEUED_GRANTS_KEPT, SLOTS, WAITERS, earlier
 from djlocks.backends.sql import as_datetime
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
@@ -93,7 +93,10 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         grant = self._claim(request, key, NEWCOMER)
         if grant is not None or (deadline is not None and time.monotonic() >= deadline):
             return grant
-        return self._wait_in_queue(request, key, deadline, abort)
+        grant = self._wait_in_queue(request, key, deadline, abort)
+        if grant is not None and len(self._queued_grants) < QUEUED_GRANTS_KEPT:
+            self._queued_grants.add(grant.token)
+        return grant
 
     def _refuse_inside_sqlite_transaction(self) -> None:
         from django.db import connections
@@ -119,22 +122,14 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         is neither handed the slot nor woken: its claim finds the slot free, at once
         if its claim waited on the slot's row lock, else at its next poll
         (``NOTIFIED_POLL``). Nobody barges in meanwhile: a claim never passes a
-        live waiter."""
-        d = self.dialect
-        hands_over = not cooldown and d.hand_over is not None
-        update = (
-            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
-            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        live waiter. A grant this process got by waiting in the queue goes straight
+        to the hand-over: others most likely still wait."""
+        hands_over = not cooldown and self.dialect.hand_over is not None
+        queued = token in self._queued_grants
+        self._queued_grants.discard(token)
+        released = (
+            0 if hands_over and queued else self._release_plainly(token, cooldown, hands_over)
         )
-        if hands_over:
-            update += (
-                f" AND NOT EXISTS (SELECT 1 FROM {WAITERS} w "
-                f"WHERE w.name_key = {SLOTS}.name_key AND w.expires_at > {d.now})"
-            )
-        else:
-            update = self._notifying(update, waiters=True, holders=False)
-        params = (d.seconds_param(cooldown), token)
-        released = self._run(lambda db: self._execute_freeing(db, update, params))
         if released != 1 and hands_over:
             released = self._hand_over(token)
         if released == 1:
@@ -149,6 +144,26 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         )
         reason = "its lease expired" if expired else "it was released by force or taken over"
         raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
+
+    def _release_plainly(self, token: str, cooldown: float, nobody_waiting: bool) -> int:
+        """Free the grant ``token``'s slot, held back for ``cooldown`` seconds, by one
+        ``UPDATE`` that also wakes the waiters where the store can; with
+        ``nobody_waiting``, only if no live waiter queues for the name. How many slots
+        it freed."""
+        d = self.dialect
+        update = (
+            f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
+            f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
+        )
+        if nobody_waiting:
+            update += (
+                f" AND NOT EXISTS (SELECT 1 FROM {WAITERS} w "
+                f"WHERE w.name_key = {SLOTS}.name_key AND w.expires_at > {d.now})"
+            )
+        else:
+            update = self._notifying(update, waiters=True, holders=False)
+        params = (d.seconds_param(cooldown), token)
+        return self._run(lambda db: self._execute_freeing(db, update, params))
 
     def renew(self, name: str, token: str, ttl: float) -> datetime | None:
         """Extend the lease ``ttl`` seconds from the database's now; raise ``LockLost`` if

@@ -35,6 +35,8 @@ CONTENTION_MESSAGES = ("deadlock", "database is locked", "could not serialize", 
 DEADLOCK_MESSAGES = ("deadlock", "could not serialize")
 
 T = TypeVar("T")
+#: Tokens of grants got by waiting that a store remembers, at most (see ``_queued_grants``).
+QUEUED_GRANTS_KEPT = 10_000
 #: Times an idempotent operation that met contention is tried again (see ``_run``).
 CONTENTION_RETRIES = 20
 
@@ -68,6 +70,10 @@ class LeaseStore(LockBackend):
         self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
         self._host_wakeups: HostWakeups | None = None
+        # Tokens of grants this process got by waiting in the queue (at most
+        # QUEUED_GRANTS_KEPT): their release hands the slot over without first
+        # trying the plain release that only frees a name nobody waits for.
+        self._queued_grants: set[str] = set()
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
