@@ -6,7 +6,8 @@ them into ``docs/benchmarks.json`` and renders ``docs/benchmarks.md``.
 
 Usage: python bench/run.py [--quick]
        python bench/run.py --again DATABASE WORKLOAD... (after a fix: measure these
-       workloads on DATABASE again, in place of theirs in the last report, which says so)
+       workloads on DATABASE again, in place of theirs in the last report, which says so;
+       an earlier re-measurement that this one wholly replaces is no longer mentioned)
 """
 
 from __future__ import annotations
@@ -308,7 +309,13 @@ def measure_again(database: str, workloads: list[str]) -> None:
         report[workload] = [
             fresh if result.get("database") == database else result for result in report[workload]
         ]
-    report.setdefault("again", []).append(
+    superseded = [  # earlier re-measurements whose every figure this one replaced
+        again
+        for again in report.get("again", [])
+        if again["database"] == database and set(again["workloads"]) <= set(workloads)
+    ]
+    report["again"] = [again for again in report.get("again", []) if again not in superseded]
+    report["again"].append(
         {"database": database, "workloads": workloads, "when": machine()["when"]}
     )
     (docs / "benchmarks.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -343,8 +343,6 @@ def render(runs: Iterable[dict[str, object]]) -> str:
         "so a killed holder's fence is issued again (`holder-killed`)",
         f"- lease, SQLite: {_slugs(NETWORK_ITEMS)} are about a database server (replies lost "
         "on the network, a server's crash); SQLite is a file",
-        "- lease, SQLite: `lost-wake-up`, its waiters poll; PostgreSQL's are notified, "
-        "MariaDB's woken from their sleep in the server",
         "",
         "## Measured bounds (seconds)",
         "",

@@ -14,12 +14,14 @@ A djlocks connection that reaches the server directly prepares them: its
 statements are bound in the server (Django's ``ServerBindingCursor``) and
 psycopg prepares each one the fifth time it runs (psycopg's own default
 threshold). Direct means that the server sees this very socket: over TCP, the
-client address and port the server reports for the session
-(``inet_client_addr()``, ``inet_client_port()``) are the socket's own. Through a
-pooler or any other proxy they are the proxy's, and over a Unix socket nothing
-proves it, so those connections keep Django's client-side binding. An
-``OPTIONS["prepare_threshold"]`` set on the database alias is followed as given
-(``None``: never prepare).
+client and server addresses and ports the server reports for the session
+(``inet_client_addr()``, ``inet_client_port()``, ``inet_server_addr()``,
+``inet_server_port()``) are the socket's own two ends. Through a pooler or any
+other proxy (or an address translation) they are not, and over a Unix socket
+nothing proves it, so those connections keep Django's client-side binding; so
+does a connection from Django's pool (``OPTIONS["pool"]``), which goes back to
+the application. An ``OPTIONS["prepare_threshold"]`` set on the database alias
+is followed as given (``None``: never prepare).
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ PSYCOPG_THRESHOLD = 5
 def prepare_where_direct(wrapper: BaseDatabaseWrapper) -> bool:
     """Have the newly opened PostgreSQL connection ``wrapper`` prepare djlocks'
     statements if it reaches the server directly (or as the alias's
-    ``OPTIONS["prepare_threshold"]`` says); whether it now does."""
+    ``OPTIONS["prepare_threshold"]`` says); whether it now does. A connection from
+    Django's pool (``OPTIONS["pool"]``) is left as it is: it goes back to the pool,
+    and the application's queries would run on it with these settings. Raises
+    Django's ``DatabaseError`` if the server cannot be asked."""
     options = wrapper.settings_dict.get("OPTIONS", {})
+    if options.get("pool"):
+        return False
     if "prepare_threshold" in options:
         threshold = options["prepare_threshold"]
     else:
@@ -55,24 +62,44 @@ def prepare_where_direct(wrapper: BaseDatabaseWrapper) -> bool:
 
 
 def reaches_server_directly(wrapper: BaseDatabaseWrapper) -> bool:
-    """Whether the server reports this connection's own TCP address and port as its
-    client's: no pooler or proxy between them."""
-    with wrapper.connection.cursor() as cursor:
-        cursor.execute("SELECT host(inet_client_addr()), inet_client_port()")
-        address, port = cursor.fetchone()
-    if address is None:  # a Unix socket
+    """Whether both ends of this connection's TCP socket are the ends the server sees
+    (``inet_client_addr()``/``inet_client_port()`` and ``inet_server_addr()``/
+    ``inet_server_port()``): no pooler or proxy between them. Raises Django's
+    ``DatabaseError`` if the server cannot be asked."""
+    with wrapper.wrap_database_errors, wrapper.connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT host(inet_client_addr()), inet_client_port(), "
+            "host(inet_server_addr()), inet_server_port()"
+        )
+        client, client_port, server, server_port = cursor.fetchone()
+    if client is None or server is None:  # a Unix socket
         return False
-    return _own_address(wrapper.connection) == (ipaddress.ip_address(address), port)
-
-
-def _own_address(connection: Any) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
-    """The local address and port of the psycopg ``connection``'s socket."""
-    own = socket.socket(fileno=os.dup(connection.pgconn.socket))
     try:
-        address, port = own.getsockname()[:2]
-    finally:
-        own.close()
-    ip = ipaddress.ip_address(address)
+        own, peer = _ends(wrapper.connection)
+    except OSError:
+        return False
+    return (own, peer) == ((_address(client), client_port), (_address(server), server_port))
+
+
+Address = tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]
+
+
+def _ends(connection: Any) -> tuple[Address, Address]:
+    """The local and the remote address and port of the psycopg ``connection``'s socket."""
+    duplicate = os.dup(connection.pgconn.socket)
+    try:
+        ends = socket.socket(fileno=duplicate)
+    except OSError:
+        os.close(duplicate)
+        raise
+    with ends:
+        own, peer = ends.getsockname(), ends.getpeername()
+    return (_address(own[0]), own[1]), (_address(peer[0]), peer[1])
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address, an IPv4-mapped IPv6 one as its IPv4 address."""
+    ip = ipaddress.ip_address(text)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip, port
+        return ip.ipv4_mapped
+    return ip

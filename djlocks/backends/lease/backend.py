@@ -26,7 +26,7 @@ from djlocks.backends.base import (
 )
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
-from djlocks.backends.lease.store import QUEUED_GRANTS_KEPT, SLOTS, WAITERS, earlier
+from djlocks.backends.lease.store import SLOTS, WAITERS, earlier
 from djlocks.backends.sql import as_datetime
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
@@ -94,8 +94,8 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         if grant is not None or (deadline is not None and time.monotonic() >= deadline):
             return grant
         grant = self._wait_in_queue(request, key, deadline, abort)
-        if grant is not None and len(self._queued_grants) < QUEUED_GRANTS_KEPT:
-            self._queued_grants.add(grant.token)
+        if grant is not None:
+            self._note_queued_grant(grant.token)
         return grant
 
     def _refuse_inside_sqlite_transaction(self) -> None:
@@ -125,11 +125,10 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         live waiter. A grant this process got by waiting in the queue goes straight
         to the hand-over: others most likely still wait."""
         hands_over = not cooldown and self.dialect.hand_over is not None
-        queued = token in self._queued_grants
-        self._queued_grants.discard(token)
-        released = (
-            0 if hands_over and queued else self._release_plainly(token, cooldown, hands_over)
-        )
+        if hands_over and self._was_queued_grant(token):
+            released = 0
+        else:
+            released = self._release_plainly(token, cooldown, only_if_nobody_waits=hands_over)
         if released != 1 and hands_over:
             released = self._hand_over(token)
         if released == 1:
@@ -145,17 +144,17 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         reason = "its lease expired" if expired else "it was released by force or taken over"
         raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
 
-    def _release_plainly(self, token: str, cooldown: float, nobody_waiting: bool) -> int:
+    def _release_plainly(self, token: str, cooldown: float, *, only_if_nobody_waits: bool) -> int:
         """Free the grant ``token``'s slot, held back for ``cooldown`` seconds, by one
         ``UPDATE`` that also wakes the waiters where the store can; with
-        ``nobody_waiting``, only if no live waiter queues for the name. How many slots
-        it freed."""
+        ``only_if_nobody_waits``, only if no live waiter queues for the name. How many
+        slots it freed."""
         d = self.dialect
         update = (
             f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
             f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
         )
-        if nobody_waiting:
+        if only_if_nobody_waits:
             update += (
                 f" AND NOT EXISTS (SELECT 1 FROM {WAITERS} w "
                 f"WHERE w.name_key = {SLOTS}.name_key AND w.expires_at > {d.now})"

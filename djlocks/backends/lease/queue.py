@@ -34,7 +34,7 @@ from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
 from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
-from djlocks.backends.sql import as_datetime, postgresql
+from djlocks.backends.sql import as_datetime, postgresql, sqlite
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -70,15 +70,16 @@ class LeaseQueue(LeaseClaims):
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
         )
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
-        listening = self._listen()
-        wakeups = self.host_wakeups
-        woken_here = None if wakeups is None else wakeups.open(ticket)
-        # A release wakes this waiter:
-        woken = listening or woken_here is not None or self.dialect.waking is not None
+        listening, woken_here = False, None
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = POLL_MIN
-        handed = claimed = False
+        handed = claimed = at_the_front = False
         try:
+            listening = self._listen()
+            wakeups = self.host_wakeups
+            woken_here = None if wakeups is None else wakeups.open(ticket)
+            # A release wakes this waiter:
+            woken = listening or woken_here is not None or self.dialect.waking is not None
             while True:
                 ahead, grant = self._run(
                     lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
@@ -86,7 +87,8 @@ class LeaseQueue(LeaseClaims):
                 if grant is not None:
                     handed = True
                     return grant
-                if ahead < request.limit:
+                at_the_front = ahead < request.limit
+                if at_the_front:
                     grant = self._claim(request, key, ticket)
                     if grant is not None:
                         claimed = True
@@ -119,7 +121,7 @@ class LeaseQueue(LeaseClaims):
                 woken_here.close()
             if not handed and not self._leave_queue(ticket):
                 self._pass_on(heir_token)
-            elif woken_here is not None and not claimed:
+            elif woken_here is not None and at_the_front and not claimed:
                 self._wake_next(key, request.limit)
 
     def _leave_queue(self, ticket: int) -> bool:
@@ -135,18 +137,15 @@ class LeaseQueue(LeaseClaims):
         a waiter that leaves without a slot may leave one free for them."""
         wakeups = self.host_wakeups
         assert wakeups is not None
-        sql = (
-            f"SELECT id FROM {WAITERS} WHERE name_key = %s AND expires_at > {self.dialect.now} "
-            f"ORDER BY id LIMIT %s"
-        )
+        first = sqlite.lease_first_waiters(WAITERS, "%s", "%s")
 
-        def first(db: BaseDatabaseWrapper) -> list[int]:
+        def tickets(db: BaseDatabaseWrapper) -> list[int]:
             with closing(db.create_cursor()) as cursor:
-                cursor.execute(sql, (key, limit))
+                cursor.execute(first, (key, limit))
                 return [int(ticket) for (ticket,) in cursor.fetchall()]
 
         try:
-            wakeups.wake(self._run(first))
+            wakeups.wake(self._run(tickets))
         except BackendUnavailable as exc:
             acquire_log.debug("could not wake the next waiters of %s: %s", key, exc)
 

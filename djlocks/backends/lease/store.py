@@ -70,10 +70,11 @@ class LeaseStore(LockBackend):
         self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
         self._host_wakeups: HostWakeups | None = None
-        # Tokens of grants this process got by waiting in the queue (at most
-        # QUEUED_GRANTS_KEPT): their release hands the slot over without first
-        # trying the plain release that only frees a name nobody waits for.
-        self._queued_grants: set[str] = set()
+        # Tokens of grants this process got by waiting in the queue (the latest
+        # QUEUED_GRANTS_KEPT, in order): their release hands the slot over without
+        # first trying the plain release that only frees a name nobody waits for.
+        self._queued_grants: dict[str, None] = {}
+        self._queued_grants_guard = ForkSafeLock()
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
@@ -148,6 +149,18 @@ class LeaseStore(LockBackend):
         with closing(db.create_cursor()) as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
+
+    def _note_queued_grant(self, token: str) -> None:
+        """Remember that the grant ``token`` was got by waiting (``_queued_grants``)."""
+        with self._queued_grants_guard:
+            self._queued_grants[token] = None
+            if len(self._queued_grants) > QUEUED_GRANTS_KEPT:
+                del self._queued_grants[next(iter(self._queued_grants))]
+
+    def _was_queued_grant(self, token: str) -> bool:
+        """Forget the grant ``token``; whether it was got by waiting (``_queued_grants``)."""
+        with self._queued_grants_guard:
+            return self._queued_grants.pop(token, False) is None
 
     @property
     def host_wakeups(self) -> HostWakeups | None:

@@ -41,24 +41,31 @@ class HostWakeups:
 
     def open(self, ticket: int) -> socket.socket | None:
         """The socket the waiter ``ticket`` is woken on, or ``None`` where it cannot have
-        one (then it polls)."""
+        one (not Linux, or the system refused: then it polls). Never raises."""
         if not ABSTRACT_NAMESPACE:
             return None
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError:
+            return None
         try:
             listener.bind(self._address(ticket))
+            listener.setblocking(False)
         except OSError:
             listener.close()
             return None
-        listener.setblocking(False)
         return listener
 
     def wake(self, tickets: Iterable[int]) -> None:
         """Send each waiter of ``tickets`` a wake-up; one that has gone, or cannot take
-        it now, is skipped (it polls)."""
+        it now, is skipped (it polls). Never raises."""
         if not ABSTRACT_NAMESPACE:
             return
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        try:
+            sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError:
+            return
+        with sender:
             sender.setblocking(False)
             for ticket in tickets:
                 with contextlib.suppress(OSError):
@@ -66,10 +73,11 @@ class HostWakeups:
 
     @staticmethod
     def wait(listener: socket.socket, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a wake-up on ``listener``; whether one came. Every
-        wake-up that came is consumed."""
-        ready, _, _ = select.select([listener], [], [], max(seconds, 0.0))
-        if not ready:
+        """Wait up to ``seconds`` (a float, in seconds) for a wake-up on ``listener``;
+        whether one came. Every wake-up that came is consumed."""
+        poller = select.poll()  # not select(): a descriptor may be above FD_SETSIZE
+        poller.register(listener, select.POLLIN)
+        if not poller.poll(max(seconds, 0.0) * 1000):
             return False
         with contextlib.suppress(BlockingIOError):
             while True:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.backends.base.base import BaseDatabaseWrapper
+
 
 @dataclass(frozen=True)
 class LeaseDialect:
@@ -47,7 +49,7 @@ class LeaseDialect:
     returning_heads: Callable[[str, str, str], str] | None = None
     #: Called with each dedicated connection (its Django wrapper) as it opens, after
     #: ``session_setup``.
-    opened: Callable[[Any], object] | None = None
+    opened: Callable[[BaseDatabaseWrapper], object] | None = None
     #: Claims a free semaphore slot in one round trip, for rows that exist with the
     #: request's limit: ``(cursor, slots, waiters, params) -> (slot, fence, expires_at)``
     #: or ``None`` if none was taken (``lease.claims._claim_free_slot`` names the

@@ -18,15 +18,21 @@ FIRST_FENCE = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
 NOW = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
 
 
+def lease_first_waiters(waiters: str, name_key: str, limit: str) -> str:
+    """A query of the ids of the first ``limit`` live waiters of the name ``name_key``
+    (both SQL expressions) in the table ``waiters``."""
+    return (
+        f"SELECT id FROM (SELECT w.id, row_number() OVER (ORDER BY w.id) AS place "
+        f"FROM {waiters} w WHERE w.name_key = {name_key} AND w.expires_at > {NOW}) "
+        f"WHERE place <= {limit}"
+    )
+
+
 def lease_returning_heads(update: str, slots: str, waiters: str) -> str:
     """``update`` (of the table ``slots``) returning, per changed slot, the tickets of the
     name's first ``slot_limit`` live waiters, comma-separated (NULL if none)."""
-    return (
-        f"{update} RETURNING (SELECT group_concat(w.id) FROM {waiters} w "
-        f"WHERE w.name_key = {slots}.name_key AND w.expires_at > {NOW} "
-        f"AND (SELECT COUNT(*) FROM {waiters} v WHERE v.name_key = w.name_key "
-        f"AND v.expires_at > {NOW} AND v.id < w.id) < {slots}.slot_limit)"
-    )
+    first = lease_first_waiters(waiters, f"{slots}.name_key", f"{slots}.slot_limit")
+    return f"{update} RETURNING (SELECT group_concat(id) FROM ({first}))"
 
 
 LEASE = LeaseDialect(
