@@ -485,6 +485,69 @@ def test_the_admin_shows_the_connection_and_releases_by_killing_it(admin_client:
         grant.release()
 
 
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: MariaDB decides a GET_LOCK's grant or time-out atomically",
+)
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_wait_granted_as_its_lock_timeout_fires_is_a_grant(limit: int) -> None:
+    """PostgreSQL can grant a waiter just as its ``lock_timeout`` fires: the statement
+    fails, yet the session holds the key. Here the waiter's server process is stopped
+    while the key is handed to it and its time-out runs out, so on resuming it sees
+    both. The acquire must return that grant, not leave an idle session holding it."""
+    name = f"s:timeout-race:{limit}"
+    grants = [
+        Semaphore(name, limit=limit, backend=SESSION, ttl=3).acquire_grant(timeout=0)
+        for _ in range(limit)
+    ]
+    outcome: list[object] = []
+    waiter = threading.Thread(
+        target=lambda: outcome.append(
+            Semaphore(name, limit=limit, backend=SESSION, ttl=3).acquire_grant(timeout=1.0)
+        )
+    )
+    waiter.start()
+    pid, key = _waiting_server_process()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        (freed,) = [g for g in grants if _key(name, limit, g.slot) == key]  # type: ignore[union-attr]
+        freed.release()  # type: ignore[union-attr]
+        time.sleep(1.5)  # the waiter's lock_timeout (a gate holder's: 20 ms) runs out
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    waiter.join(30)
+    (grant,) = outcome
+    assert grant is not None, "told it was not granted, though its session holds the slot"
+    assert grant.slot == freed.slot and grant.fence > freed.fence  # type: ignore[union-attr]
+    for other in [grant, *grants]:
+        if other is not freed:
+            other.release()  # type: ignore[union-attr]
+    assert backends[SESSION].holders(name) == [], "a released slot is still held"
+    with Semaphore(name, limit=limit, backend=SESSION, ttl=3, timeout=0):
+        pass  # every slot free again
+
+
+def _key(name: str, limit: int, slot: int) -> int:
+    """The advisory-lock key of a lock (``limit`` 1) or of one semaphore slot."""
+    return int(backends[SESSION].key(name) if limit == 1 else backends[SESSION].key(name, slot))
+
+
+def _waiting_server_process() -> tuple[int, int]:
+    """The server process of the one session waiting for an advisory lock, and the key."""
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                f"SELECT l.pid, {LOCK_KEY} FROM pg_locks l "
+                f"WHERE l.locktype = 'advisory' AND NOT l.granted"
+            )
+            found = cursor.fetchall()
+            if found:
+                return int(found[0][0]), int(found[0][1])
+            assert time.monotonic() < deadline, "nobody waits in the server"
+            time.sleep(0.01)
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="MariaDB's is the next test")
 def test_a_fence_sequence_that_went_back_in_a_crash_is_moved_past_it() -> None:
     """After a crash the sequence may hand out values again that it had handed out

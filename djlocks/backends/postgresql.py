@@ -4,7 +4,8 @@ Session-level advisory locks (PostgreSQL manual, "Advisory Locks" and
 "Advisory Lock Functions") on the one-``bigint`` key of ``djlocks.keys``.
 A blocking acquire is ``pg_advisory_lock`` under ``lock_timeout`` (set in the
 same statement with ``set_config``), so the wait happens in the server; a
-time-out is the server's ``lock_not_available`` (55P03). Holders and waiters
+time-out is the server's ``lock_not_available`` (55P03), unless the server granted
+the lock as the time-out fired (then it is a grant: ``_granted_anyway``). Holders and waiters
 come from ``pg_locks`` joined with ``pg_stat_activity``; a waiter's identity
 is its ``application_name``. Forced release is ``pg_terminate_backend`` of
 exactly the session that ``pg_locks`` shows holding the key.
@@ -92,16 +93,23 @@ class AdvisoryLockBackend(SessionBackend):
             params += (identity.removeprefix("djlocks"),)
         try:
             granted = session.execute(postgresql.taking(seconds != 0, fenced), params)[-1]
-            if granted is None:
-                return None
-            return postgresql.issued_fence(granted) if fenced else 0
+            return _fence_of(granted, fenced)
         except DatabaseError as exc:
             state = postgresql.sqlstate(exc)
             if state == postgresql.LOCK_NOT_AVAILABLE:
-                return None
+                return self._granted_anyway(session, key, identity, fenced)
             if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise
+
+    def _granted_anyway(
+        self, session: Session, key: Key, identity: str, fenced: bool
+    ) -> int | None:
+        """After a wait's ``lock_timeout``: the grant, if the server granted the key as
+        the time-out fired (``sql.postgresql.granted_anyway``), else ``None``. Without
+        this, the session would hold a key its caller was told it did not get."""
+        params: tuple[object, ...] = (key, identity.removeprefix("djlocks")) if fenced else (key,)
+        return _fence_of(session.execute(postgresql.granted_anyway(fenced), params)[0], fenced)
 
     def _attempt(
         self,
@@ -190,3 +198,10 @@ class AdvisoryLockBackend(SessionBackend):
                 f"ORDER BY a.query_start, a.pid"
             )
         return self._as_waiters([(names.get(int(key)), app, since) for key, app, since in rows])
+
+
+def _fence_of(granted: str | None, fenced: bool) -> int | None:
+    """What ``_take`` returns for the last column of ``taking`` or ``granted_anyway``."""
+    if granted is None:
+        return None
+    return postgresql.issued_fence(granted) if fenced else 0

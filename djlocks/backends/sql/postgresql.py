@@ -258,17 +258,37 @@ def taking(waits: bool, fenced: bool) -> str:
     one flat ``SELECT``, whose columns the server computes in order): the last
     column is then the holder's ``application_name``, ``djlocks#<fence> ...``.
     """
-    granted = (
-        f"set_config('application_name', '{HOLDER_PREFIX}' || nextval('{FENCE_SEQUENCE}') "
-        f"|| %s, false)"
-        if fenced
-        else "''"
-    )
     if not waits:
-        return f"SELECT CASE WHEN pg_try_advisory_lock(%s) THEN {granted} END"
+        return f"SELECT CASE WHEN pg_try_advisory_lock(%s) THEN {_granted(fenced)} END"
     return (
         "SELECT set_config('application_name', %s, false), "
-        f"set_config('lock_timeout', %s, false), pg_advisory_lock(%s), {granted}"
+        f"set_config('lock_timeout', %s, false), pg_advisory_lock(%s), {_granted(fenced)}"
+    )
+
+
+def granted_anyway(fenced: bool) -> str:
+    """A statement that completes the grant of a wait that ended in ``lock_timeout``
+    although the server granted it: its one column is ``NULL`` unless this session
+    holds the key (parameters: the key, then as in ``taking``).
+
+    The lock manager can grant a waiter just as its ``lock_timeout`` fires: the
+    statement then fails with ``lock_not_available``, yet the session holds the
+    lock, since a session-level advisory lock outlives the statement's error
+    (``LockErrorCleanup`` in PostgreSQL's ``proc.c`` keeps a lock granted meanwhile).
+    """
+    return (
+        f"SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks l WHERE {ADVISORY_HELD} "
+        f"AND l.pid = pg_backend_pid() AND {LOCK_KEY} = %s) THEN {_granted(fenced)} END"
+    )
+
+
+def _granted(fenced: bool) -> str:
+    """What ``taking`` and ``granted_anyway`` return on a grant (see ``taking``)."""
+    if not fenced:
+        return "''"
+    return (
+        f"set_config('application_name', '{HOLDER_PREFIX}' || nextval('{FENCE_SEQUENCE}') "
+        f"|| %s, false)"
     )
 
 
