@@ -4,7 +4,8 @@ Keys and defaults (all optional):
 
 ``BACKENDS``
     Aliases to backend specs, like ``CACHES``. Default: ``{"default": {"BACKEND":
-    "djlocks.backends.lease.LeaseBackend", "OPTIONS": {"using": "default"}}}``.
+    "djlocks.backends.lease.LeaseBackend"}}``, on the database the project's routers
+    pick for writing djlocks' tables (``"default"`` without routers).
 ``TTL``
     Default lease length in seconds (60).
 ``MAX_HOLD``
@@ -50,10 +51,7 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-DEFAULT_BACKEND = {
-    "BACKEND": "djlocks.backends.lease.LeaseBackend",
-    "OPTIONS": {"using": "default"},
-}
+DEFAULT_BACKEND = {"BACKEND": "djlocks.backends.lease.LeaseBackend", "OPTIONS": {}}
 
 #: ``EVENTS_WRITER``: routine events go through the background writer.
 BACKGROUND = "background"

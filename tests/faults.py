@@ -215,6 +215,14 @@ class PrivateMariaDB:
             assert time.monotonic() < deadline, "MariaDB did not start: " + self.log()
             time.sleep(0.05)
 
+    def replicate(self, primary: PrivateMariaDB) -> None:
+        """Make this server a replica of ``primary`` (started with ``--log-bin`` and
+        another ``--server-id``), from the start of its binary log (GTID)."""
+        self.sql(
+            f"CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {primary.port}, "
+            f"MASTER_USER = 'root', MASTER_USE_GTID = slave_pos; START SLAVE"
+        )
+
     def crash(self) -> None:
         """SIGKILL the server: no shutdown, as in a crash of the server alone."""
         self._process.kill()
@@ -241,10 +249,14 @@ class PrivatePostgreSQL:
     """A PostgreSQL cluster of the test's own (``initdb``, then ``postgres``) on a free
     port of 127.0.0.1, run as the ``postgres`` user, trust authentication, with
     ``databases`` created empty. ``crash()`` SIGKILLs the postmaster and every
-    server process; ``start()`` starts it again, with crash recovery.
+    server process; ``start()`` starts it again, with crash recovery. With
+    ``standby_of``, a hot standby that streams that cluster's WAL (``pg_basebackup
+    -R``) instead of a new cluster.
     """
 
-    def __init__(self, databases: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, databases: tuple[str, ...] = (), standby_of: PrivatePostgreSQL | None = None
+    ) -> None:
         import pwd
 
         (self._bin,) = sorted(
@@ -256,10 +268,12 @@ class PrivatePostgreSQL:
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-postgresql-"))
         os.chown(self._home, *self._ids)
         self._data = self._home / "data"
-        subprocess.run(
-            [self._bin / "initdb", "-D", self._data, "-A", "trust", "-U", "postgres", "--no-sync"],
-            check=True, capture_output=True, preexec_fn=self._as_postgres,
-        )  # fmt: skip
+        create: list[str | Path] = [self._bin / "initdb", "-A", "trust"]
+        if standby_of is not None:  # a copy of the primary, set to stream its WAL (-R)
+            create = [self._bin / "pg_basebackup", "-h", "127.0.0.1", "-p", str(standby_of.port),
+                      "-R", "-X", "stream", "--checkpoint=fast"]  # fmt: skip
+        create += ["-D", self._data, "-U", "postgres", "--no-sync"]
+        subprocess.run(create, check=True, capture_output=True, preexec_fn=self._as_postgres)
         self._process: subprocess.Popen[bytes] | None = None
         self.start()
         for name in databases:

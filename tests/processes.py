@@ -10,9 +10,12 @@ from pathlib import Path
 from djlocks.stress import current_database_names, manage_command
 
 
-def manage(*args: str, **popen: object) -> subprocess.Popen[str]:
-    """``manage.py ARGS`` against the test database, as a real process."""
-    command = [*manage_command(current_database_names()), *args]
+def manage(
+    *args: str, names: dict[str, str] | None = None, **popen: object
+) -> subprocess.Popen[str]:
+    """``manage.py ARGS`` against the test database (or the database ``names`` of each
+    alias), as a real process."""
+    command = [*manage_command(names or current_database_names()), *args]
     return subprocess.Popen(command, text=True, **popen)  # type: ignore[call-overload]
 
 

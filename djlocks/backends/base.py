@@ -308,6 +308,19 @@ OTHER_DATABASE_HINT = (
 )
 
 
+def database_alias(options: Mapping[str, Any], model: str) -> str:
+    """The database a backend takes its locks on: ``OPTIONS["using"]``, else the one
+    the project's ``DATABASE_ROUTERS`` pick for writing djlocks' ``model`` (Django's
+    ``router.db_for_write``: ``"default"`` where no router has a say). Writes, never
+    reads: a router that sends reads to a replica does not move locks there."""
+    if "using" in options:
+        return str(options["using"])
+    from django.apps import apps
+    from django.db import router
+
+    return router.db_for_write(apps.get_model("djlocks", model))
+
+
 def unknown_database(backend: LockBackend, using: str) -> list[CheckMessage]:
     """``djlocks.E005`` if ``using`` is not an alias of ``DATABASES``, else nothing."""
     from django.db import connections

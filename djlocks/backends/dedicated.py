@@ -84,7 +84,11 @@ class DedicatedConnections(threading.local):
             # ``BackendHandler.stop_listeners``), and the operating system closes it.
             weakref.finalize(wrapper, _close_quietly, wrapper.connection).atexit = False
             if self.on_connect is not None:
-                self.on_connect(wrapper)
+                try:
+                    self.on_connect(wrapper)
+                except BaseException:
+                    self.discard()  # never used unprepared: the next use opens a new one
+                    raise
         return wrapper
 
     @contextlib.contextmanager

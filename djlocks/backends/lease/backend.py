@@ -27,6 +27,7 @@ from djlocks.backends.base import (
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
 from djlocks.backends.lease.store import SLOTS, WAITERS, earlier
+from djlocks.backends.primary import read_only_messages
 from djlocks.backends.sql import as_datetime
 from djlocks.backends.sqlite_checks import TESTING_HINT, lease_store_messages
 from djlocks.backends.waiting import Abort
@@ -43,7 +44,8 @@ NEWCOMER = 2**62
 class LeaseBackend(LeaseQueue, LeaseInspection):
     """Locks and semaphores as lease rows in a Django database.
 
-    OPTIONS: ``using`` (database alias, default ``"default"``).
+    OPTIONS: ``using`` (database alias; default: where the routers write djlocks'
+    tables, ``base.database_alias``).
     Crash release: at the TTL. Waiters queue FIFO in ``djlocks_lease_waiter``;
     the head of the queue polls with back-off, the others poll more slowly.
     """
@@ -69,7 +71,8 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         )
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
-        """E005 an unknown database; on SQLite, E004 and W007 (``sqlite_checks``)."""
+        """E005 an unknown database; when Django asks about the database, E014 a read-only
+        server (``primary``); on SQLite, E004 and W007 (``sqlite_checks``)."""
         from django.db import connections
 
         problems = unknown_database(self, self.using)
@@ -80,7 +83,8 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         except BackendUnavailable as exc:
             return [Error(str(exc), hint=OTHER_DATABASE_HINT, id="djlocks.E006")]
         if connections[self.using].vendor != "sqlite":
-            return []
+            asked = databases is not None and self.using in databases
+            return read_only_messages(self.alias, self.using) if asked else []
         return lease_store_messages(self.alias, connections[self.using], databases)
 
     # -- acquire -----------------------------------------------------------

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from djlocks.backends.base import LockBackend
+from djlocks.backends.base import LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.lease.wakeups import HostWakeups
+from djlocks.backends.primary import refuse_read_only
 from djlocks.backends.push import PostgresListener
 from djlocks.backends.sql import database_now, lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect
@@ -62,7 +63,7 @@ class LeaseStore(LockBackend):
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
-        self.using: str = self.options.get("using", "default")
+        self.using = database_alias(self.options, "LeaseSlot")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
         self._listeners = DedicatedConnections(self.using)
         # (name_key, limit) -> when (monotonic) its rows were last confirmed to exist
@@ -82,6 +83,7 @@ class LeaseStore(LockBackend):
         self._abandoned_guard = ForkSafeLock()
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
+        refuse_read_only(wrapper, self.alias)
         for statement in self.dialect.session_setup:
             with wrapper.cursor() as cursor:
                 cursor.execute(statement)

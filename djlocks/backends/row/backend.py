@@ -23,10 +23,12 @@ from djlocks.backends.base import (
     HolderInfo,
     LockBackend,
     WaiterInfo,
+    database_alias,
     unknown_database,
 )
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.idle import remove_idle_records
+from djlocks.backends.primary import read_only_messages, refuse_read_only_once
 from djlocks.backends.push import hung_up
 from djlocks.backends.row.dialect import RowDialect
 from djlocks.backends.row.transaction import OwnTransaction
@@ -41,7 +43,8 @@ class RowLockBackend(LockBackend):
     """Locks and semaphores on ``SELECT ... FOR UPDATE`` rows (see the module docstring).
 
     ``OPTIONS``: ``using``, the Django database alias whose transactions
-    hold the locks (default ``"default"``). PostgreSQL, MySQL 8 and MariaDB
+    hold the locks (default: where the routers write djlocks' tables,
+    ``base.database_alias``). PostgreSQL, MySQL 8 and MariaDB
     10.6 or later (``SKIP LOCKED``); SQLite for locks only.
     """
 
@@ -53,7 +56,7 @@ class RowLockBackend(LockBackend):
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
-        self.using = str(self.options.get("using", "default"))
+        self.using = database_alias(self.options, "RowLock")
         self.side = DedicatedConnections(self.using)
         self._held: dict[str, _Held] = {}  # live grants of this process, by token
         self._guard = ForkSafeLock()
@@ -101,8 +104,9 @@ class RowLockBackend(LockBackend):
         )
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
-        """E005 an unknown database; then what the database's dialect finds
-        (W002 on SQLite, W003 on MySQL when Django asks about the database)."""
+        """E005 an unknown database; then what the database's dialect finds (W002 on
+        SQLite, W003 on MySQL when Django asks about the database) and, when Django
+        asks about the database, E014 a read-only server (``primary``)."""
         problems = unknown_database(self, self.using)
         if problems:
             return problems
@@ -110,7 +114,9 @@ class RowLockBackend(LockBackend):
             dialect = self.dialect
         except BackendUnavailable as exc:
             return [Error(str(exc), hint=OTHER_DATABASE_HINT, id="djlocks.E006")]
-        return dialect.check_messages(databases is not None and self.using in databases)
+        asked = databases is not None and self.using in databases
+        messages = dialect.check_messages(asked)
+        return messages + read_only_messages(self.alias, self.using) if asked else messages
 
     # -- acquire, release, renew, check ------------------------------------
 
@@ -129,6 +135,7 @@ class RowLockBackend(LockBackend):
             return None
         own = None if connections[self.using].in_atomic_block else OwnTransaction(self.using)
         try:
+            refuse_read_only_once(connections[self.using], self.alias)
             claim = self.dialect.claim(request, deadline, abort, own, taken)
             if claim is None:
                 if own is not None:

@@ -24,6 +24,7 @@ from djlocks.backends.base import (
     GrantRecord,
     unknown_database,
 )
+from djlocks.backends.primary import read_only_messages
 from djlocks.backends.push import ClosedSockets
 from djlocks.backends.session.claims import SessionClaims
 from djlocks.backends.session.connections import Held, Key
@@ -39,7 +40,8 @@ class SessionBackend(SessionClaims, SessionInspection):
     """Shared machinery of the GET_LOCK and advisory-lock backends (see the package docstring).
 
     ``OPTIONS``: ``using``, the Django database alias whose settings the
-    dedicated connections copy (default ``"default"``).
+    dedicated connections copy (default: where the routers write djlocks' tables,
+    ``base.database_alias``).
     """
 
     #: Whether the server grants waiters in the order they asked (the subclass's database).
@@ -67,8 +69,9 @@ class SessionBackend(SessionClaims, SessionInspection):
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
         """E005 an unknown database; E006 a database of another vendor; and, when
-        Django asks about the database, the server's own settings (``server_messages``)
-        and E009 server sessions shared between clients by a pooler."""
+        Django asks about the database, the server's own settings (``server_messages``),
+        E014 a read-only server (``primary``) and E009 server sessions shared between
+        clients by a pooler."""
         problems = unknown_database(self, self.using)
         if problems:
             return problems
@@ -84,7 +87,7 @@ class SessionBackend(SessionClaims, SessionInspection):
             ]
         if databases is None or self.using not in databases:
             return []
-        messages = self.server_messages(connection)
+        messages = self.server_messages(connection) + read_only_messages(self.alias, self.using)
         try:
             problem = self.shared_session_problem()
         except BackendUnavailable:

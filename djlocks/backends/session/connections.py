@@ -24,8 +24,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from djlocks.backends.base import LockBackend
+from djlocks.backends.base import LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.primary import refuse_read_only
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import ForkSafeLock
 from djlocks.written import WrittenNames
@@ -99,7 +100,8 @@ class SessionStore(LockBackend):
     """Opening, lending and ending the dedicated sessions of one database alias.
 
     ``OPTIONS``: ``using``, the Django database alias whose settings the
-    dedicated connections copy (default ``"default"``).
+    dedicated connections copy (default: where the routers write djlocks' tables,
+    ``base.database_alias``).
     """
 
     #: The Django ``connection.vendor`` of the server (``"mysql"``, ``"postgresql"``).
@@ -107,7 +109,7 @@ class SessionStore(LockBackend):
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
-        self.using = str(self.options.get("using", "default"))
+        self.using = database_alias(self.options, "SessionHolder")
         self._idle: list[Session] = []
         self._held: dict[str, Held] = {}
         self._guard = ForkSafeLock()
@@ -200,9 +202,13 @@ class SessionStore(LockBackend):
         wrapper = DedicatedConnections.new_wrapper(self.using)
         try:
             wrapper.ensure_connection()
+            refuse_read_only(wrapper, self.alias)
             session = Session(wrapper, 0)
             self._prepare(session)
             session.connection_id = self._connection_id(session)
+        except BackendUnavailable:
+            wrapper.close()
+            raise
         except DatabaseError as exc:
             with contextlib.suppress(Exception):
                 wrapper.close()
