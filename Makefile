@@ -48,8 +48,10 @@ demo: setup
 
 test: setup test-sqlite test-postgresql test-mysql
 
+# The SQLite leg also runs the lease tests on a private Redis Cluster, which
+# tests/redis_cluster.py starts around the run.
 test-sqlite: setup
-	DJLOCKS_DB=sqlite $(PY) -m pytest
+	DJLOCKS_DB=sqlite $(PY) -m tests.redis_cluster $(PY) -m pytest
 
 # The Redis backend's tests (marker redis_store) use the database only for the history,
 # so the SQLite leg runs them and the server legs leave them out: Redis is tested once.

@@ -151,6 +151,13 @@ if REDIS_URL:
         "BACKEND": "djlocks.backends.redis.RedisBackend",
         "OPTIONS": {"cache": "redis"},
     }
+# A Redis Cluster, by the URL of one of its nodes (the tests start one: tests/redis_cluster.py).
+REDIS_CLUSTER_URL = os.environ.get("DJLOCKS_REDIS_CLUSTER", "")
+if REDIS_CLUSTER_URL:
+    DJLOCKS["BACKENDS"]["redis-cluster"] = {
+        "BACKEND": "djlocks.backends.redis.RedisBackend",
+        "OPTIONS": {"cluster": REDIS_CLUSTER_URL},
+    }
 if DB_VENDOR == "sqlite":
     # The row alias on SQLite is deliberate here: the tests of its write-lock form.
     SILENCED_SYSTEM_CHECKS = ["djlocks.W002"]

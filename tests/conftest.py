@@ -17,6 +17,9 @@ from tests.catalogue import Recorder, column_of, unknown_slugs
 CATALOGUE = Recorder()
 #: Fixtures that start a private Redis server for the test.
 PRIVATE_REDIS_FIXTURES = {"private_redis", "stoppable_redis"}
+#: The test settings' Redis backends: a server, and a cluster where one was started
+#: (``tests/redis_cluster.py``).
+REDIS_BACKENDS = ("redis", "redis-cluster")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,9 +55,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _tests_the_redis_store(test: pytest.Item) -> bool:
     """Whether ``test`` is about the Redis backend: its ``backend`` parameter is
-    ``redis``, it is in test_redis_backend.py, or it starts a private Redis."""
+    ``redis`` or ``redis-cluster``, it is in test_redis_backend.py, or it starts a private Redis."""
     callspec = getattr(test, "callspec", None)
-    if callspec is not None and callspec.params.get("backend") == "redis":
+    if callspec is not None and callspec.params.get("backend") in REDIS_BACKENDS:
         return True
     if test.path.name == "test_redis_backend.py":
         return True
@@ -92,19 +95,22 @@ def store(transactional_db: None) -> Iterator[None]:
             "These tests need a Redis: set REDIS_URL (make test sets "
             "redis://127.0.0.1:6379/0), and project/settings.py configures the redis backend."
         )
-    redis = backends["redis"]
-    stale = list(redis.redis().scan_iter(match=f"{redis.prefix}:*", count=1000))
-    if stale:
-        redis.redis().delete(*stale)
+    stores = [backends[alias] for alias in REDIS_BACKENDS if alias in backends.aliases()]
+    for redis in stores:
+        stale = list(redis.redis().scan_iter(match=f"{redis.prefix}:*", count=1000))
+        if stale:
+            redis.redis().delete(*stale)
     yield
     assert heartbeat.active() == 0, "a renewal is still running after the test"
     lease = backends["default"]
     assert lease.holders() == [], "a live grant was left"
     assert lease.waiters() == [], "a live waiter record was left"
     assert not LeaseWaiter.objects.filter(pid=os.getpid()).exists(), "this process left a waiter"
-    assert redis.holders() == [], "a Redis lease was left"
-    assert redis.waiters() == [], "a Redis waiter was left"
+    for redis in stores:
+        assert redis.holders() == [], f"a Redis lease was left ({redis.alias})"
+        assert redis.waiters() == [], f"a Redis waiter was left ({redis.alias})"
     backends.reset()
-    assert not redis.redis().pubsub_channels(f"{redis.prefix}:wake:*:{os.getpid()}:*"), (
-        "a wake-up subscription outlived backends.reset()"
-    )
+    for redis in stores:
+        assert not redis.redis().pubsub_channels(f"{redis.prefix}:wake:*:{os.getpid()}:*"), (
+            f"a wake-up subscription outlived backends.reset() ({redis.alias})"
+        )

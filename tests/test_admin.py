@@ -30,6 +30,7 @@ from djlocks.events import USUAL_EVIDENCE, events
 from djlocks.models import LeaseSlot, LockEvent
 from djlocks.runlocked import EXIT_LOST
 from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
+from tests.test_reliability import LEASES
 from tests.workers import CONTEXT, start_worker, wait_in_line
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -73,8 +74,7 @@ def test_the_dashboard_is_in_the_admin_index(admin_client: Client) -> None:
 
 #: Backends whose holders and waiters the dashboard shows (the row backend's are
 #: in tests/test_row_backend.py).
-SHOWN = ["default", "redis"] + ([] if connection.vendor == "sqlite" else ["session"])
-LEASES = {"default", "redis"}
+SHOWN = [*LEASES] + ([] if connection.vendor == "sqlite" else ["session"])
 
 
 @pytest.mark.catalogue("admin-matches-store")

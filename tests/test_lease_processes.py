@@ -22,14 +22,16 @@ from djlocks import Lock, Semaphore, db_lock
 from djlocks.backends import backends
 from djlocks.stress import StressPlan, run_stress
 from tests.processes import finished, runlocked
+from tests.test_reliability import LEASES
 from tests.workers import CONTEXT, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 
 
-@pytest.fixture(params=["default", "redis"])
+@pytest.fixture(params=LEASES)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The alias of a lease backend: rows in the test database, or keys in Redis."""
+    """The alias of a lease backend: rows in the test database, or keys in Redis (and in
+    a Redis Cluster where the run started one)."""
     alias: str = request.param
     return alias
 

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from djlocks import db_lock, forksafe
@@ -45,8 +46,10 @@ from tests.workers import (
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
 
+#: The Redis Cluster backend, where the run started a cluster (tests/redis_cluster.py).
+CLUSTER = [alias for alias in settings.DJLOCKS["BACKENDS"] if alias == "redis-cluster"]
 #: Backends whose grants are leases: a dead holder's grant lasts until its TTL.
-LEASES = ["default", "redis"]
+LEASES = ["default", "redis", *CLUSTER]
 #: Backends whose grants the server ends with the holder's session or transaction.
 SERVER_HELD = ["row"] if connection.vendor == "sqlite" else ["session", "row"]
 BACKENDS = LEASES + SERVER_HELD

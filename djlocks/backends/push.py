@@ -29,6 +29,7 @@ from djlocks.forksafe import ForkSafeLock
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.cluster import RedisCluster
 
 push_log = logging.getLogger("djlocks.renew")
 
@@ -188,16 +189,19 @@ class RedisListener(PushListener):
     ``client()`` returns (never one of its pool's, which other calls use); each message
     is a key."""
 
-    def __init__(self, client: Callable[[], Redis], channel: str) -> None:
+    def __init__(self, client: Callable[[], Redis | RedisCluster], channel: str) -> None:
         super().__init__()
         self.client, self.channel = client, channel
 
     def listen(self, run: Run) -> None:
         from redis import ConnectionPool, Redis
 
-        shared = self.client().connection_pool
-        own = ConnectionPool(connection_class=shared.connection_class, **shared.connection_kwargs)
-        pubsub = Redis(connection_pool=own).pubsub()  # type: ignore[no-untyped-call]
+        client, own = self.client(), None
+        if isinstance(client, Redis):
+            pool = client.connection_pool
+            own = ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
+            client = Redis(connection_pool=own)
+        pubsub = client.pubsub()  # type: ignore[no-untyped-call]  # a cluster's has its own
         try:
             pubsub.subscribe(self.channel)
             while self.keep_going(run):
@@ -210,7 +214,8 @@ class RedisListener(PushListener):
                     self.deliver(message["data"].decode())
         finally:
             pubsub.close()
-            own.disconnect()
+            if own is not None:
+                own.disconnect()
 
 
 def hung_up(socket: int) -> bool:

@@ -32,8 +32,11 @@ class RedisInspection(RedisStore):
         return sorted(replies, key=lambda reply: text(reply[1]))
 
     def _on_every_name(self, script: str, *args: int) -> list[Sequence[Any]]:
-        """``script``'s reply for every name's meta key, ``SCAN_BATCH`` calls per pipeline."""
+        """``script``'s reply for every name's meta key, ``SCAN_BATCH`` calls per pipeline
+        (one call at a time on a cluster, whose pipelines run no scripts)."""
         keys = list(self._meta_keys())
+        if self.on_a_cluster:
+            return [self._call(script, key, *args) for key in keys]
         replies: list[Sequence[Any]] = []
         for start in range(0, len(keys), SCAN_BATCH):
             try:

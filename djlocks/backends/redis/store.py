@@ -1,4 +1,5 @@
-"""The Redis backend's connection (django-redis's client of a cache), scripts and checks."""
+"""The Redis backend's connection (django-redis's client of a cache, or redis-py's
+``RedisCluster``), scripts and checks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from django.core import checks
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import RedisError, ResponseError
 
@@ -25,20 +27,23 @@ class RedisStore(LockBackend):
     """The client, the registered scripts, and the listeners of one Redis backend.
 
     OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
-    default ``"default"``), ``prefix`` (key prefix, default
-    ``DJLOCKS["KEY_PREFIX"]``).
+    default ``"default"``), or ``cluster`` (the URL of any node of a Redis
+    Cluster, ``redis://host:port/0``, through redis-py's ``RedisCluster``, which
+    finds the other nodes and follows the cluster's changes); ``prefix`` (key
+    prefix, default ``DJLOCKS["KEY_PREFIX"]``).
     """
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
         self.cache: str = self.options.get("cache", "default")
+        self.cluster: str | None = self.options.get("cluster")
         self.prefix: str = self.options.get("prefix") or djlocks_settings()["KEY_PREFIX"]
         if not self.prefix or not set(self.prefix) <= PREFIX_CHARACTERS:
             raise ImproperlyConfigured(
                 f"djlocks backend {alias!r}: the Redis key prefix {self.prefix!r} must be "
                 f"non-empty letters, digits and '_.-:' (no braces or glob characters)."
             )
-        self._client: Redis | None = None
+        self._client: Redis | RedisCluster | None = None
         self._scripts: dict[str, Script] = {}
         self._wakeups = WakeListener(self.redis, self.prefix)
         #: Where forced releases and graceful releases' requests tell holders (``watch``).
@@ -78,25 +83,46 @@ class RedisStore(LockBackend):
             )
         ]
 
-    def redis(self) -> Redis:
-        """The django-redis client of the cache ``OPTIONS["cache"]`` (thread-safe, pooled)."""
+    def redis(self) -> Redis | RedisCluster:
+        """The client (thread-safe, pooled): of the cluster ``OPTIONS["cluster"]``, else
+        django-redis's of the cache ``OPTIONS["cache"]``."""
         if self._client is None:
-            from django_redis import get_redis_connection
-
-            try:
-                client = get_redis_connection(self.cache)
-            except NotImplementedError as exc:
-                raise ImproperlyConfigured(
-                    f"djlocks backend {self.alias!r} needs CACHES[{self.cache!r}] to use "
-                    f"django-redis ('django_redis.cache.RedisCache'): {exc}"
-                ) from exc
-            except Exception as exc:  # django's InvalidCacheBackendError and friends
-                raise ImproperlyConfigured(
-                    f"djlocks backend {self.alias!r}: CACHES[{self.cache!r}] cannot be used: {exc}"
-                ) from exc
+            client = self._cluster_client() if self.cluster else self._cache_client()
             self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
             self._client = client
         return self._client
+
+    @property
+    def on_a_cluster(self) -> bool:
+        """Whether the store is a Redis Cluster (whose pipelines run no scripts)."""
+        return isinstance(self.redis(), RedisCluster)
+
+    def _cluster_client(self) -> RedisCluster:
+        try:
+            return RedisCluster.from_url(str(self.cluster))
+        except RedisError as exc:
+            raise self._unavailable(exc) from exc
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"djlocks backend {self.alias!r}: OPTIONS['cluster'] must be the URL of a "
+                f"Redis Cluster node (redis://host:port/0), not {self.cluster!r}: {exc}"
+            ) from exc
+
+    def _cache_client(self) -> Redis:
+        from django_redis import get_redis_connection
+
+        try:
+            client: Redis = get_redis_connection(self.cache)
+            return client
+        except NotImplementedError as exc:
+            raise ImproperlyConfigured(
+                f"djlocks backend {self.alias!r} needs CACHES[{self.cache!r}] to use "
+                f"django-redis ('django_redis.cache.RedisCache'): {exc}"
+            ) from exc
+        except Exception as exc:  # django's InvalidCacheBackendError and friends
+            raise ImproperlyConfigured(
+                f"djlocks backend {self.alias!r}: CACHES[{self.cache!r}] cannot be used: {exc}"
+            ) from exc
 
     def _run(self, script: str, name: str, *args: str | int) -> Any:
         """Run ``script`` on the keys of ``name``; Redis errors become ``BackendUnavailable``."""
@@ -110,7 +136,10 @@ class RedisStore(LockBackend):
             raise self._unavailable(exc) from exc
 
     def _unavailable(self, exc: RedisError) -> BackendUnavailable:
-        return BackendUnavailable(
-            f"djlocks backend {self.alias!r} could not use Redis (cache {self.cache!r}): "
-            f"{exc} Is redis-server running and reachable at the cache's LOCATION?"
+        where = (
+            f"the Redis Cluster at {self.cluster}): {exc} Are its nodes running and reachable?"
+            if self.cluster
+            else f"cache {self.cache!r}): {exc} Is redis-server running and reachable at "
+            f"the cache's LOCATION?"
         )
+        return BackendUnavailable(f"djlocks backend {self.alias!r} could not use Redis ({where}")

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from djlocks.forksafe import ForkSafeLock
@@ -57,7 +58,7 @@ class _Run:
 class WakeListener:
     """Delivers wake-ups published to this process's channel to waiting threads."""
 
-    def __init__(self, client: Callable[[], Redis], prefix: str) -> None:
+    def __init__(self, client: Callable[[], Redis | RedisCluster], prefix: str) -> None:
         self._client = client
         self._prefix = prefix
         self._guard = ForkSafeLock()
