@@ -239,7 +239,7 @@ def test_a_cut_notification_path_costs_at_most_a_poll(
     thread.join(30)
     assert granted_at, "the waiter never got the lock"
     waited = granted_at[0] - released
-    assert waited < 0.5, waited
+    assert waited < 2, waited  # its poll; unpolled, it would wait out its 20 s timeout
     bounds("waiter granted after a release it could not hear", waited)
 
 
