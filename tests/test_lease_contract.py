@@ -90,9 +90,10 @@ def test_cooldown_keeps_the_name_unavailable_for_its_duration() -> None:
 
 
 def test_heartbeat_renews_past_the_ttl() -> None:
-    with db_lock("contract:renew", ttl=0.6, timeout=0) as grant:
+    # Renewals every 0.5 s: one may come up to about a second late and still be in time.
+    with db_lock("contract:renew", ttl=1.5, timeout=0) as grant:
         first_expiry = grant.expires_at
-        time.sleep(1.5)
+        time.sleep(2.5)  # well past the TTL
         grant.check()
         assert grant.believed
         assert grant.expires_at is not None and first_expiry is not None
@@ -238,7 +239,7 @@ def test_a_cut_notification_path_costs_at_most_a_poll(
     thread.join(30)
     assert granted_at, "the waiter never got the lock"
     waited = granted_at[0] - released
-    assert waited < 0.5, waited
+    assert waited < 2, waited  # its poll; unpolled, it would wait out its 20 s timeout
     bounds("waiter granted after a release it could not hear", waited)
 
 

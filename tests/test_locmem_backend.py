@@ -86,7 +86,7 @@ def run_together(count: int, work: Callable[[int], None]) -> None:
         raise errors[0]
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the condition never came true"
@@ -233,7 +233,8 @@ def test_a_waiter_that_gives_up_at_a_release_lets_the_next_one_move_up(
     for _ in range(20):
         gave_up, moved_up = give_up_as_the_slot_frees(store)
         assert gave_up == [None] and len(moved_up) == 1
-        assert moved_up[0] < 0.5, "the second waiter slept on after the first left"
+        # Its timeout is 2 s: one left asleep would not get in at all, or only then.
+        assert moved_up[0] < 1.5, "the second waiter slept on after the first left"
 
 
 # -- fences, leases, losses ----------------------------------------------------
@@ -275,7 +276,7 @@ def test_an_unrenewed_lease_expires_and_the_next_holder_gets_a_higher_fence(
     assert not old.believed
     with pytest.raises(LockLost):
         old.check()
-    assert len(lost) == 1
+    wait_until(lambda: len(lost) == 1)  # told by check(), or by the watchdog if it was first
     with db_lock("short", timeout=0) as new:
         assert new.fence > old.fence
         with pytest.raises(LockLost):
@@ -290,9 +291,9 @@ def test_a_waiter_is_granted_as_soon_as_the_lease_it_waits_on_expires(
     lock = Lock("expiring", ttl=0.3, renew=False)
     assert lock.acquire(timeout=0)
     started = time.monotonic()
-    with db_lock("expiring", timeout=2):
+    with db_lock("expiring", timeout=3):
         waited = time.monotonic() - started
-    assert 0.25 <= waited < 0.6, waited
+    assert 0.25 <= waited < 2, waited  # woken by the expiry, not by its timeout
     with pytest.raises(LockLost, match="released by force, or its lease expired"):
         lock.release()
 
@@ -360,9 +361,9 @@ def test_a_cooldown_keeps_the_name_unavailable_then_frees_it(store: LocMemBacken
     [cooling] = store.cooldowns("cool")
     assert cooling.slot == 0
     assert timezone.now() < cooling.until <= timezone.now() + timedelta(seconds=0.3)
-    with db_lock("cool", timeout=2):
+    with db_lock("cool", timeout=3):
         waited = time.monotonic() - released
-    assert 0.25 <= waited < 0.6, waited
+    assert 0.25 <= waited < 2, waited  # woken by the cool-down's end, not by its timeout
     assert store.cooldowns() == []
 
 
@@ -378,8 +379,8 @@ def test_set_cooldown_lengthens_and_clears_a_cooldown_and_wakes_waiters(
     wait_until(lambda: len(store.waiters("operated")) == 1)
     cleared = time.monotonic()
     assert store.set_cooldown("operated", 0, 0) is None
-    waiter.join(2)
-    assert time.monotonic() - cleared < 0.2
+    waiter.join(10)
+    assert time.monotonic() - cleared < 2, "woken by the clearing, not by its 5 s timeout"
     assert granted[0] is not None
     granted[0].release()
     with pytest.raises(ValueError, match="no slot 1"):
@@ -401,8 +402,8 @@ def test_abort_ends_a_wait_promptly(store: LocMemBackend) -> None:
         wait_until(lambda: len(store.waiters("aborted")) == 1)
         aborted = time.monotonic()
         abort.set()
-        waiter.join(2)
-        assert outcomes == [None] and time.monotonic() - aborted < 0.1
+        waiter.join(10)
+        assert outcomes == [None] and time.monotonic() - aborted < 2  # it had no timeout
         assert store.waiters("aborted") == []
         assert Lock("aborted").acquire_grant(True, None, abort) is None  # already set
 
@@ -431,10 +432,10 @@ def test_timeout_zero_tries_once_and_a_timeout_waits_that_long(store: LocMemBack
         assert Lock("once").acquire(blocking=False) is False
         with pytest.raises(NotAcquired), db_lock("once", timeout=0):
             pass
-        assert time.monotonic() - started < 0.05
+        assert time.monotonic() - started < 0.5  # none waited: that lasts till a release
         started = time.monotonic()
         assert Lock("once").acquire(timeout=0.2) is False
-        assert 0.2 <= time.monotonic() - started < 0.5
+        assert 0.2 <= time.monotonic() - started < 2
 
 
 def test_a_limit_mismatch_raises_already_held_while_the_name_is_held(

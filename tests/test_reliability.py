@@ -206,8 +206,8 @@ def _what_a_forked_child_may_do(grant: Grant, backend: str) -> int:
             return 10
         if db_lock(grant.name, backend=backend).acquire(timeout=0):
             return 11  # got in beside the parent: through its session?
-        with db_lock("c17:child", backend=backend, ttl=0.6):
-            time.sleep(0.5)  # the child's heartbeat runs (every 0.2 s), for its own grant only
+        with db_lock("c17:child", backend=backend, ttl=1.5):
+            time.sleep(0.7)  # the child's heartbeat runs (every 0.5 s), for its own grant only
         # The parent's connections, dropped by the child, are collected: that must not
         # say goodbye to the server on the sockets the parent still uses.
         gc.collect()

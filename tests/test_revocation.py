@@ -285,8 +285,9 @@ def test_a_watch_that_fails_leaves_the_grant_held_and_renewed(settings: Any) -> 
     }
     backends.reset()
     try:
-        with Lock("rv:unwatchable", ttl=0.3, timeout=0) as grant:
-            time.sleep(0.5)  # past its TTL: only renewals keep it
+        # Renewals every 0.5 s: one may come up to about a second late and still be in time.
+        with Lock("rv:unwatchable", ttl=1.5, timeout=0) as grant:
+            time.sleep(2.0)  # past its TTL: only renewals keep it
             grant.check()
     finally:
         backends.reset()

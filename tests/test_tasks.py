@@ -199,8 +199,9 @@ def test_a_django_task_worker_killed_mid_run_frees_its_slot_within_its_ttl(
     wait_until_dead(pid, timeout=30)
     died = time.monotonic()
     got = finished(waiting)
-    # The slot's lease ran out unrenewed, at most its TTL (1.5 s) after the kill.
-    assert got - died < 1.5 + 1.0, f"the slot came free {got - died:.2f} s after the kill"
+    # The slot's lease ran out unrenewed, at most its TTL (1.5 s) after the kill; the
+    # 3 s of slack are for a loaded box.
+    assert got - died < 1.5 + 3.0, f"the slot came free {got - died:.2f} s after the kill"
 
 
 @needs_django_tasks
@@ -252,8 +253,9 @@ def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
     wait_until_dead(pid, timeout=30)
     died = time.monotonic()
     got = waiting.get(timeout=60)
-    # The slot's lease ran out unrenewed, at most its TTL (1.5 s) after the kill.
-    assert got - died < 1.5 + 1.0, f"the slot came free {got - died:.2f} s after the kill"
+    # The slot's lease ran out unrenewed, at most its TTL (1.5 s) after the kill; the
+    # 3 s of slack are for a loaded box.
+    assert got - died < 1.5 + 3.0, f"the slot came free {got - died:.2f} s after the kill"
 
 
 @pytest.mark.real_workers
