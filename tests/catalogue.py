@@ -127,6 +127,12 @@ ITEMS = {
     "redis-clock-and-restart": Item(
         "Redis clock jump and restart", "D", "only Redis keeps grants in memory"
     ),
+    "redis-failover": Item(
+        "A Redis Cluster master fails over under a holder and a waiter: the holder is told, "
+        "the waiter gets a higher fence, the old holder's fenced write is refused",
+        "D",
+        "only Redis fails over to a replica here (database replicas are refused: djlocks.E014)",
+    ),
     "forced-release": Item("Forced release", "LMPRD"),
     "revocation-reaches-holder": Item(
         "A forced release reaches the holder at once where the store pushes, else within a "

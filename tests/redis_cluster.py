@@ -1,4 +1,5 @@
-"""A private Redis Cluster on loopback for a test run: ``python -m tests.redis_cluster
+"""A private Redis Cluster on loopback (``PrivateRedisCluster``, also used by the
+fail-over tests), and a test run around one: ``python -m tests.redis_cluster
 COMMAND ...`` starts three masters and three replicas (``redis-server
 --cluster-enabled yes`` on six free ports, joined by ``redis-cli --cluster
 create``), runs ``COMMAND`` with ``DJLOCKS_REDIS_CLUSTER`` set to one node's URL
@@ -22,9 +23,12 @@ MASTERS = 3
 
 
 class PrivateRedisCluster:
-    """``MASTERS`` masters with one replica each, in a directory of their own."""
+    """``MASTERS`` masters with one replica each, in a directory of their own. A node
+    that cannot reach a master for ``node_timeout`` seconds votes it down (Redis's
+    ``cluster-node-timeout``), and its replica takes over."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_timeout: float = 15.0) -> None:
+        self._node_timeout_ms = round(node_timeout * 1000)
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-cluster-"))
         self.ports = [free_port() for _ in range(2 * MASTERS)]
         self._nodes: list[subprocess.Popen[bytes]] = []
@@ -42,12 +46,13 @@ class PrivateRedisCluster:
             check=True, capture_output=True,
         )  # fmt: skip
         self._until(self._serves_every_slot, "the cluster to serve every slot")
+        self._until(self._replicas_in_sync, "every replica to sync with its master")
 
-    @staticmethod
-    def _command(port: int, directory: Path) -> list[str]:
+    def _command(self, port: int, directory: Path) -> list[str]:
         return [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1",
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-node-timeout", str(self._node_timeout_ms),
             "--dir", str(directory), "--save", "", "--appendonly", "no",
             "--logfile", str(directory / "log"),
         ]  # fmt: skip
@@ -66,17 +71,63 @@ class PrivateRedisCluster:
     def _serves_every_slot(self) -> bool:
         return all("cluster_state:ok" in self.cli(port, "CLUSTER", "INFO") for port in self.ports)
 
+    def _replicas_in_sync(self) -> bool:
+        """Whether each replica's link to its master is up (a replica that never synced
+        would refuse to take over from it)."""
+        roles = [self.cli(port, "INFO", "replication") for port in self.ports]
+        replicas = [role for role in roles if "role:slave" in role]
+        return len(replicas) == MASTERS and all("master_link_status:up" in r for r in replicas)
+
     def _until(self, done: object, what: str) -> None:
         deadline = time.monotonic() + 60
         while not done():  # type: ignore[operator]
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             time.sleep(0.05)
 
+    def master_of(self, key: str) -> int:
+        """The port of the master that serves ``key``'s slot now."""
+        slot = int(self.cli(self._a_live_port(), "CLUSTER", "KEYSLOT", key))
+        for node in self._nodes_seen():
+            if "master" in node[2] and "fail" not in node[2]:
+                for served in node[8:]:
+                    first, _, last = served.partition("-")
+                    if int(first) <= slot <= int(last or first):
+                        return _port(node[1])
+        raise AssertionError(f"no master serves slot {slot}")
+
+    def replica_of(self, master: int) -> int:
+        """The port of ``master``'s replica."""
+        nodes = self._nodes_seen()
+        (master_id,) = [node[0] for node in nodes if _port(node[1]) == master]
+        (replica,) = [node[1] for node in nodes if node[3] == master_id]
+        return _port(replica)
+
+    def _nodes_seen(self) -> list[list[str]]:
+        """``CLUSTER NODES`` of a live node, each line split into its fields."""
+        lines = self.cli(self._a_live_port(), "CLUSTER", "NODES").splitlines()
+        return [line.split() for line in lines]
+
+    def _a_live_port(self) -> int:
+        return next(
+            port for port, node in zip(self.ports, self._nodes, strict=True) if node.poll() is None
+        )
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node at ``port``: gone, with whatever it had not replicated."""
+        node = self._nodes[self.ports.index(port)]
+        node.kill()
+        node.wait(10)
+
     def stop(self) -> None:
         for node in self._nodes:
             node.kill()
             node.wait(10)
         shutil.rmtree(self._home, ignore_errors=True)
+
+
+def _port(address: str) -> int:
+    """The port of a ``CLUSTER NODES`` address, ``host:port@bus-port``."""
+    return int(address.split(":")[1].split("@")[0])
 
 
 def main() -> int:
