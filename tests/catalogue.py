@@ -128,8 +128,9 @@ ITEMS = {
         "Redis clock jump and restart", "D", "only Redis keeps grants in memory"
     ),
     "redis-failover": Item(
-        "A Redis Cluster master fails over under a holder and a waiter: the holder is told, "
-        "the waiter gets a higher fence, the old holder's fenced write is refused",
+        "A Redis master fails over (Cluster, Sentinel) under a holder and a waiter: the "
+        "holder is told, the waiter gets a higher fence, the old holder's fenced write is "
+        "refused",
         "D",
         "only Redis fails over to a replica here (database replicas are refused: djlocks.E014)",
     ),

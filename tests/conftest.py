@@ -16,7 +16,7 @@ from tests.catalogue import Recorder, column_of, unknown_slugs
 
 CATALOGUE = Recorder()
 #: Fixtures that start a private Redis server for the test.
-PRIVATE_REDIS_FIXTURES = {"private_redis", "stoppable_redis", "private_cluster"}
+PRIVATE_REDIS_FIXTURES = {"private_redis", "stoppable_redis", "replicated"}
 #: The test settings' Redis backends: a server, and a cluster where one was started
 #: (``tests/redis_cluster.py``).
 REDIS_BACKENDS = ("redis", "redis-cluster")

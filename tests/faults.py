@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 PGBOUNCER = "/usr/sbin/pgbouncer"  # Debian's package, installed by `make setup`
@@ -345,6 +346,15 @@ class PrivatePostgreSQL:
         if self._process is not None and self._process.poll() is None:
             self.crash()
         shutil.rmtree(self._home, ignore_errors=True)
+
+
+def until(done: Callable[[], object], what: str, timeout: float = 60) -> None:
+    """Wait until ``done()`` is true, for at most ``timeout`` seconds (then fail, naming
+    ``what`` was awaited)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def free_port() -> int:

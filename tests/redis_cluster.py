@@ -14,10 +14,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from tests.faults import free_port
+from tests.faults import free_port, until
 
 MASTERS = 3
 
@@ -39,14 +38,14 @@ class PrivateRedisCluster:
                 subprocess.Popen(self._command(port, directory), stdout=subprocess.DEVNULL)
             )
         for port in self.ports:
-            self._until(lambda port=port: self.cli(port, "PING") == "PONG", "a node to start")
+            until(lambda port=port: self.cli(port, "PING") == "PONG", "a node to start")
         subprocess.run(
             ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
              "--cluster-replicas", "1", "--cluster-yes"],
             check=True, capture_output=True,
         )  # fmt: skip
-        self._until(self._serves_every_slot, "the cluster to serve every slot")
-        self._until(self._replicas_in_sync, "every replica to sync with its master")
+        until(self._serves_every_slot, "the cluster to serve every slot")
+        until(self._replicas_in_sync, "every replica to sync with its master")
 
     def _command(self, port: int, directory: Path) -> list[str]:
         return [
@@ -77,12 +76,6 @@ class PrivateRedisCluster:
         roles = [self.cli(port, "INFO", "replication") for port in self.ports]
         replicas = [role for role in roles if "role:slave" in role]
         return len(replicas) == MASTERS and all("master_link_status:up" in r for r in replicas)
-
-    def _until(self, done: object, what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not done():  # type: ignore[operator]
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.05)
 
     def master_of(self, key: str) -> int:
         """The port of the master that serves ``key``'s slot now."""
