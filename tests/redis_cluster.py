@@ -31,14 +31,21 @@ class PrivateRedisCluster:
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-cluster-"))
         self.ports = [free_port() for _ in range(2 * MASTERS)]
         self._nodes: list[subprocess.Popen[bytes]] = []
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         for port in self.ports:
             directory = self._home / str(port)
             directory.mkdir()
             self._nodes.append(
                 subprocess.Popen(self._command(port, directory), stdout=subprocess.DEVNULL)
             )
-        for port in self.ports:
-            until(lambda port=port: self.cli(port, "PING") == "PONG", "a node to start")
+        for port, node in zip(self.ports, self._nodes, strict=True):
+            until(lambda port=port, node=node: self._answers(port, node), "a node to start")
         subprocess.run(
             ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
              "--cluster-replicas", "1", "--cluster-yes"],
@@ -47,10 +54,18 @@ class PrivateRedisCluster:
         until(self._serves_every_slot, "the cluster to serve every slot")
         until(self._replicas_in_sync, "every replica to sync with its master")
 
+    def _answers(self, port: int, node: subprocess.Popen[bytes]) -> bool:
+        """Whether the node at ``port`` answers; fails at once if it exited."""
+        assert node.poll() is None, f"redis-server on port {port} exited"
+        return self.cli(port, "PING") == "PONG"
+
     def _command(self, port: int, directory: Path) -> list[str]:
+        """The node's command line. Its cluster bus gets a free port of its own: by
+        default it is ``port`` + 10000, which may be taken, or above 65535."""
         return [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1",
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-port", str(free_port()),
             "--cluster-node-timeout", str(self._node_timeout_ms),
             "--dir", str(directory), "--save", "", "--appendonly", "no",
             "--logfile", str(directory / "log"),
@@ -77,8 +92,9 @@ class PrivateRedisCluster:
         replicas = [role for role in roles if "role:slave" in role]
         return len(replicas) == MASTERS and all("master_link_status:up" in r for r in replicas)
 
-    def master_of(self, key: str) -> int:
-        """The port of the master that serves ``key``'s slot now."""
+    def master_of(self, key: str) -> int | None:
+        """The port of the master that serves ``key``'s slot now (``None``: none does,
+        as between a master's failure and its replica's promotion)."""
         slot = int(self.cli(self._a_live_port(), "CLUSTER", "KEYSLOT", key))
         for node in self._nodes_seen():
             if "master" in node[2] and "fail" not in node[2]:
@@ -86,7 +102,7 @@ class PrivateRedisCluster:
                     first, _, last = served.partition("-")
                     if int(first) <= slot <= int(last or first):
                         return _port(node[1])
-        raise AssertionError(f"no master serves slot {slot}")
+        return None
 
     def replica_of(self, master: int) -> int:
         """The port of ``master``'s replica."""

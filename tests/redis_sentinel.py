@@ -26,11 +26,18 @@ class PrivateRedisSentinel:
         #: The name the Sentinels know the master by: one of its own per set-up, since
         #: django-redis keeps its connection pools by URL for the life of the process.
         self.service = f"djlocks-{master}"
+        self.sentinel_ports = [free_port() for _ in range(SENTINELS)]
+        try:
+            self._start_all(master, replica, down_after)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_all(self, master: int, replica: int, down_after: float) -> None:
         self._start(master)
         self._start(replica, "--replicaof", "127.0.0.1", str(master))
         until(lambda: "master_link_status:up" in self.cli(replica, "INFO", "replication"),
                "the replica to sync")  # fmt: skip
-        self.sentinel_ports = [free_port() for _ in range(SENTINELS)]
         for port in self.sentinel_ports:
             config = self._home / f"sentinel-{port}.conf"
             config.write_text(

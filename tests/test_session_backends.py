@@ -27,12 +27,13 @@ from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 
-from djlocks import Lock, LockLost, Semaphore
+from djlocks import Grant, Lock, LockLost, Semaphore
 from djlocks.backends import backends
 from djlocks.backends.server_records import holder_records
+from djlocks.backends.session import claims
 from djlocks.backends.sql import mysql
 from djlocks.backends.sql.postgresql import CRASH_GAP, CRASH_MARKER, FENCE_SEQUENCE, LOCK_KEY
-from djlocks.exceptions import BackendUnavailable, LockDeadlock
+from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockError
 from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
@@ -490,41 +491,57 @@ def test_the_admin_shows_the_connection_and_releases_by_killing_it(admin_client:
     reason="not applicable: MariaDB decides a GET_LOCK's grant or time-out atomically",
 )
 @pytest.mark.parametrize("limit", [1, 2])
-def test_a_wait_granted_as_its_lock_timeout_fires_is_a_grant(limit: int) -> None:
+def test_a_wait_granted_as_its_lock_timeout_fires_is_a_grant(
+    limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """PostgreSQL can grant a waiter just as its ``lock_timeout`` fires: the statement
     fails, yet the session holds the key. Here the waiter's server process is stopped
-    while the key is handed to it and its time-out runs out, so on resuming it sees
-    both. The acquire must return that grant, not leave an idle session holding it."""
+    (SIGSTOP, while it sleeps in its lock wait, which holds no shared lock of the
+    server) while the key is handed to it and its time-out runs out, so on resuming
+    it sees both. The acquire must return that grant, not leave an idle session
+    holding it."""
+    monkeypatch.setattr(claims, "SLOT_WAIT", WAITED)  # a semaphore's wait: one long one
     name = f"s:timeout-race:{limit}"
     grants = [
         Semaphore(name, limit=limit, backend=SESSION, ttl=3).acquire_grant(timeout=0)
         for _ in range(limit)
     ]
-    outcome: list[object] = []
+    outcome: list[Grant | None] = []
     waiter = threading.Thread(
         target=lambda: outcome.append(
-            Semaphore(name, limit=limit, backend=SESSION, ttl=3).acquire_grant(timeout=1.0)
+            Semaphore(name, limit=limit, backend=SESSION, ttl=3).acquire_grant(timeout=WAITED)
         )
     )
     waiter.start()
-    pid, key = _waiting_server_process()
-    os.kill(pid, signal.SIGSTOP)
     try:
-        (freed,) = [g for g in grants if _key(name, limit, g.slot) == key]  # type: ignore[union-attr]
-        freed.release()  # type: ignore[union-attr]
-        time.sleep(1.5)  # the waiter's lock_timeout (a gate holder's: 20 ms) runs out
+        pid, key = _waiting_server_process({_key(name, limit, g.slot) for g in grants if g})
+        (freed,) = [g for g in grants if g and _key(name, limit, g.slot) == key]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            releasing = threading.Thread(target=freed.release)
+            releasing.start()
+            releasing.join(5)
+            time.sleep(WAITED + 0.5)  # the waiter's lock_timeout runs out
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        waiter.join(30)
+        (grant,) = outcome
+        assert grant is not None, "told it was not granted, though its session holds the slot"
+        assert grant.slot == freed.slot and grant.fence > freed.fence
+        grants.append(grant)
     finally:
-        os.kill(pid, signal.SIGCONT)
-    waiter.join(30)
-    (grant,) = outcome
-    assert grant is not None, "told it was not granted, though its session holds the slot"
-    assert grant.slot == freed.slot and grant.fence > freed.fence  # type: ignore[union-attr]
-    for other in [grant, *grants]:
-        if other is not freed:
-            other.release()  # type: ignore[union-attr]
+        waiter.join(30)
+        for held in grants:
+            if held is not None:
+                with contextlib.suppress(LockError):  # released above, or never granted
+                    held.release()
     assert backends[SESSION].holders(name) == [], "a released slot is still held"
     with Semaphore(name, limit=limit, backend=SESSION, ttl=3, timeout=0):
         pass  # every slot free again
+
+
+#: Seconds the waiter above waits, in one lock wait.
+WAITED = 2.0
 
 
 def _key(name: str, limit: int, slot: int) -> int:
@@ -532,14 +549,17 @@ def _key(name: str, limit: int, slot: int) -> int:
     return int(backends[SESSION].key(name) if limit == 1 else backends[SESSION].key(name, slot))
 
 
-def _waiting_server_process() -> tuple[int, int]:
-    """The server process of the one session waiting for an advisory lock, and the key."""
+def _waiting_server_process(keys: set[int]) -> tuple[int, int]:
+    """The server process of the session of this database waiting for one of ``keys``,
+    and the key."""
     deadline = time.monotonic() + 10
     with connection.cursor() as cursor:
         while True:
             cursor.execute(
                 f"SELECT l.pid, {LOCK_KEY} FROM pg_locks l "
-                f"WHERE l.locktype = 'advisory' AND NOT l.granted"
+                f"JOIN pg_database d ON d.oid = l.database AND d.datname = current_database() "
+                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND {LOCK_KEY} = ANY(%s)",
+                (list(keys),),
             )
             found = cursor.fetchall()
             if found:

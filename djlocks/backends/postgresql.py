@@ -131,13 +131,7 @@ class AdvisoryLockBackend(SessionBackend):
         return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
 
     def _holds(self, session: Session, key: Key) -> bool:
-        return bool(
-            session.execute(
-                f"SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE {ADVISORY_HELD} "
-                f"AND l.pid = pg_backend_pid() AND {LOCK_KEY} = %s)",
-                (key,),
-            )[0]
-        )
+        return bool(session.execute(f"SELECT {postgresql.HELD_HERE}", (key,))[0])
 
     def _kill(self, session: Session, connection_id: int, key: Key | None) -> int:
         if key is None:

@@ -7,25 +7,30 @@ the manual's "Hot Standby" chapter), and a MariaDB or MySQL replica grants
 ADMIN``, writes, all of it local to that server. A process whose ``using``
 alias points at a replica would hold a lock that a process on the primary
 never sees. So every connection djlocks takes locks on is probed when it is
-first used (one statement, twice on MariaDB and MySQL), and a read-only
+first used (one statement; two to four on MariaDB and MySQL), and a read-only
 server raises ``BackendUnavailable``; ``manage.py check --database`` reports
 the same as ``djlocks.E014``.
 
 Read-only means, on PostgreSQL, in recovery (a standby) or with read-only
 transactions (``default_transaction_read_only``); on MariaDB and MySQL,
-``read_only`` or ``innodb_read_only`` set, or a replication SQL thread running
-(a replica, whatever its ``read_only``: the replica status is read where the
-account may, with ``REPLICATION CLIENT``, ``REPLICA MONITOR`` or ``SUPER``).
+``read_only`` or ``innodb_read_only`` set, or a replication connection (a
+replica, running or stopped, whatever its ``read_only``: the replica status is
+read where the account may, with ``REPLICATION CLIENT``, ``REPLICA MONITOR`` or
+``SUPER``). A node of a ring of primaries replicates too, and is refused:
+``GET_LOCK`` and row locks there would not reach the other primaries' clients.
 SQLite has no replicas.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 from django.core.checks import CheckMessage, Error
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
 
 from djlocks.exceptions import BackendUnavailable
 
@@ -61,15 +66,23 @@ def refuse_read_only(wrapper: BaseDatabaseWrapper, alias: str) -> None:
 
 def refuse_read_only_once(wrapper: BaseDatabaseWrapper, alias: str) -> None:
     """``refuse_read_only`` on the first use of each connection of ``wrapper`` (a
-    Django connection, which djlocks does not open, so cannot probe when it opens)."""
+    Django connection, which djlocks does not open, so cannot probe when it opens).
+    With ``CONN_MAX_AGE = 0`` that is once per request that takes a lock."""
     wrapper.ensure_connection()
-    if _probed.get(wrapper) != id(wrapper.connection):
+    if wrapper not in _probed:
         refuse_read_only(wrapper, alias)
-        _probed[wrapper] = id(wrapper.connection)
+        _probed.add(wrapper)
 
 
-#: Django connections probed by ``refuse_read_only_once``: the driver connection's id.
-_probed: weakref.WeakKeyDictionary[BaseDatabaseWrapper, int] = weakref.WeakKeyDictionary()
+#: Django connections whose current server connection ``refuse_read_only_once``
+#: probed; each leaves when it connects again.
+_probed: weakref.WeakSet[BaseDatabaseWrapper] = weakref.WeakSet()
+
+
+@receiver(connection_created)
+def _forget_the_probe(sender: object, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """A Django connection connected anew, maybe to another server: probe it again."""
+    _probed.discard(connection)
 
 
 def read_only_messages(alias: str, using: str) -> list[CheckMessage]:
@@ -110,22 +123,27 @@ def _mysql_reason(wrapper: BaseDatabaseWrapper) -> str | None:
         setting = "read_only" if read_only else "innodb_read_only"
         return f"the server is read-only ({setting} is set)"
     if _replicating(wrapper):
-        return "the server is a replica (its replication SQL thread is running)"
+        return (
+            "the server is a replica (it has a replication connection: RESET REPLICA ALL "
+            "if it is one no longer)"
+        )
     return None
 
 
+#: Statements that list a server's replication connections, newest syntax first: every
+#: connection of a MariaDB multi-source replica, then MySQL 8.0.22+'s, then the oldest.
+REPLICA_STATUS = ("SHOW ALL REPLICAS STATUS", "SHOW REPLICA STATUS", "SHOW SLAVE STATUS")
+
+
 def _replicating(wrapper: BaseDatabaseWrapper) -> bool:
-    """Whether a replication SQL thread runs on the server; False if the account may
-    not read the replica status. ``SHOW REPLICA STATUS`` (MariaDB 10.5.1+, MySQL
-    8.0.22+), else the older ``SHOW SLAVE STATUS``."""
-    for statement in ("SHOW REPLICA STATUS", "SHOW SLAVE STATUS"):
+    """Whether the server has a replication connection, running or stopped (a stopped
+    replica is a replica still); False if the account may not read the replica
+    status."""
+    for statement in REPLICA_STATUS:
         try:
             with wrapper.cursor() as cursor:
                 cursor.execute(statement)
-                columns = [column[0] for column in cursor.description or ()]
-                rows = cursor.fetchall()
+                return bool(cursor.fetchall())
         except DatabaseError:
             continue
-        running = [c for c in ("Slave_SQL_Running", "Replica_SQL_Running") if c in columns]
-        return any(row[columns.index(running[0])] == "Yes" for row in rows) if running else False
     return False

@@ -186,8 +186,8 @@ class PostgresListener(PushListener):
 
 class RedisListener(PushListener):
     """``SUBSCRIBE channel`` on a connection of its own to the server of the client
-    ``client()`` returns (never one of its pool's, which other calls use); each message
-    is a key."""
+    ``client()`` returns (never one of its pool's, which other calls use; a cluster's
+    pub/sub opens its own), made anew at each ``listen``; each message is a key."""
 
     def __init__(self, client: Callable[[], Redis | RedisCluster], channel: str) -> None:
         super().__init__()

@@ -35,12 +35,13 @@ renew_log = logging.getLogger("djlocks.renew")
 
 
 class RedisBackend(RedisInspection):
-    """Locks and semaphores as Redis leases, on a django-redis cache's connection.
+    """Locks and semaphores as Redis leases, on a django-redis cache's connection or a
+    Redis Cluster's.
 
     OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
-    default ``"default"``), ``prefix`` (key prefix, default
-    ``DJLOCKS["KEY_PREFIX"]``). Crash release: at the TTL. Waiters queue
-    FIFO in Redis and are woken through pub/sub, with a bounded poll.
+    default ``"default"``) or ``cluster`` (a Redis Cluster node's URL), ``prefix``
+    (key prefix, default ``DJLOCKS["KEY_PREFIX"]``). Crash release: at the TTL.
+    Waiters queue FIFO in Redis and are woken through pub/sub, with a bounded poll.
     """
 
     forced_release_effect = (
@@ -223,3 +224,4 @@ class RedisBackend(RedisInspection):
     def close(self) -> None:
         self._wakeups.close()
         self._revocations.close()
+        self.close_client()

@@ -6,11 +6,9 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo, in_queue_order
 from djlocks.backends.redis.protocol import SCAN_BATCH, moment, text, token_of
-from djlocks.backends.redis.store import RedisStore
+from djlocks.backends.redis.store import STORE_ERRORS, RedisStore
 
 
 class RedisInspection(RedisStore):
@@ -21,11 +19,11 @@ class RedisInspection(RedisStore):
         try:
             for key in self.redis().scan_iter(match=f"{self.prefix}:{{*}}:m", count=SCAN_BATCH):
                 yield text(key)
-        except RedisError as exc:
+        except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
     def _described(self, name: str | None) -> list[Sequence[Any]]:
-        """The describe script's reply for ``name``, or for every name (pipelined)."""
+        """The describe script's reply for ``name``, or for every name."""
         if name is not None:
             return [self._run("describe", name)]
         replies = self._on_every_name("describe")
@@ -44,7 +42,7 @@ class RedisInspection(RedisStore):
                     for key in keys[start : start + SCAN_BATCH]:
                         self._scripts[script](keys=[key], args=list(args), client=pipe)
                     replies.extend(pipe.execute())
-            except RedisError as exc:
+            except STORE_ERRORS as exc:
                 raise self._unavailable(exc) from exc
         return replies
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from djlocks.backends.base import LockBackend
 from djlocks.backends.push import RedisListener
@@ -20,7 +21,12 @@ from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_s
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
+from djlocks.forksafe import ForkSafeLock
 from djlocks.keys import redis_meta_key
+
+#: What redis-py raises when the store cannot do what was asked: a cluster's client
+#: raises ``RedisClusterException`` (not a ``RedisError``) when it finds no node.
+STORE_ERRORS = (RedisError, RedisClusterException)
 
 
 class RedisStore(LockBackend):
@@ -37,6 +43,11 @@ class RedisStore(LockBackend):
         super().__init__(alias, options)
         self.cache: str = self.options.get("cache", "default")
         self.cluster: str | None = self.options.get("cluster")
+        if self.cluster and "cache" in self.options:
+            raise ImproperlyConfigured(
+                f"djlocks backend {alias!r}: give OPTIONS['cache'] (a django-redis cache) or "
+                f"OPTIONS['cluster'] (a Redis Cluster node's URL), not both."
+            )
         self.prefix: str = self.options.get("prefix") or djlocks_settings()["KEY_PREFIX"]
         if not self.prefix or not set(self.prefix) <= PREFIX_CHARACTERS:
             raise ImproperlyConfigured(
@@ -44,6 +55,7 @@ class RedisStore(LockBackend):
                 f"non-empty letters, digits and '_.-:' (no braces or glob characters)."
             )
         self._client: Redis | RedisCluster | None = None
+        self._client_guard = ForkSafeLock()
         self._scripts: dict[str, Script] = {}
         self._wakeups = WakeListener(self.redis, self.prefix)
         #: Where forced releases and graceful releases' requests tell holders (``watch``).
@@ -58,17 +70,22 @@ class RedisStore(LockBackend):
         try:
             policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
         except ImproperlyConfigured as exc:
-            hint = "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is " + repr(
-                "django_redis.cache.RedisCache"
+            hint = (
+                "Set OPTIONS['cluster'] to a Redis Cluster node's URL, redis://host:port/0"
+                if self.cluster
+                else "Point OPTIONS['cache'] at a CACHES alias whose BACKEND is "
+                "'django_redis.cache.RedisCache'"
             )
             return [Error(str(exc), hint=hint + ".", id="djlocks.E008")]
         except ResponseError:
             return []  # CONFIG is disabled (managed Redis): the policy cannot be read
-        except RedisError as exc:
+        except (*STORE_ERRORS, BackendUnavailable) as exc:
             return [
                 checks.Warning(
                     f"djlocks backend {self.alias!r} cannot reach Redis: {exc}",
-                    hint="Start redis-server, or fix the cache's LOCATION.",
+                    hint="Start redis-server, or fix the cluster's URL."
+                    if self.cluster
+                    else "Start redis-server, or fix the cache's LOCATION.",
                     id="djlocks.W005",
                 )
             ]
@@ -86,27 +103,39 @@ class RedisStore(LockBackend):
     def redis(self) -> Redis | RedisCluster:
         """The client (thread-safe, pooled): of the cluster ``OPTIONS["cluster"]``, else
         django-redis's of the cache ``OPTIONS["cache"]``."""
-        if self._client is None:
-            client = self._cluster_client() if self.cluster else self._cache_client()
-            self._scripts = {name: client.register_script(script_source(name)) for name in SCRIPTS}
-            self._client = client
-        return self._client
+        with self._client_guard:
+            if self._client is None:
+                client = self._cluster_client() if self.cluster else self._cache_client()
+                self._scripts = {
+                    name: client.register_script(script_source(name)) for name in SCRIPTS
+                }
+                self._client = client
+            return self._client
 
     @property
     def on_a_cluster(self) -> bool:
         """Whether the store is a Redis Cluster (whose pipelines run no scripts)."""
-        return isinstance(self.redis(), RedisCluster)
+        return bool(self.cluster)
 
     def _cluster_client(self) -> RedisCluster:
+        """A client of the cluster (djlocks' own: ``close_client`` closes it)."""
         try:
             return RedisCluster.from_url(str(self.cluster))
-        except RedisError as exc:
+        except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
         except ValueError as exc:
             raise ImproperlyConfigured(
                 f"djlocks backend {self.alias!r}: OPTIONS['cluster'] must be the URL of a "
-                f"Redis Cluster node (redis://host:port/0), not {self.cluster!r}: {exc}"
+                f"Redis Cluster node (redis://host:port/0), not {_shown(self.cluster)!r}: {exc}"
             ) from exc
+
+    def close_client(self) -> None:
+        """Close a cluster's client, which djlocks made (a cache's client is django-redis's,
+        shared with the cache, and stays open)."""
+        with self._client_guard:
+            client, self._client = self._client, None
+        if isinstance(client, RedisCluster):
+            client.close()
 
     def _cache_client(self) -> Redis:
         from django_redis import get_redis_connection
@@ -129,17 +158,23 @@ class RedisStore(LockBackend):
         return self._call(script, redis_meta_key(self.prefix, name), *args)
 
     def _call(self, script: str, meta_key: str, *args: str | int) -> Any:
-        self.redis()
         try:
+            self.redis()
             return self._scripts[script](keys=[meta_key], args=list(args))
-        except RedisError as exc:
+        except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
-    def _unavailable(self, exc: RedisError) -> BackendUnavailable:
+    def _unavailable(self, exc: Exception) -> BackendUnavailable:
         where = (
-            f"the Redis Cluster at {self.cluster}): {exc} Are its nodes running and reachable?"
+            f"the Redis Cluster at {_shown(self.cluster)}): {exc} Are its nodes running and "
+            f"reachable?"
             if self.cluster
             else f"cache {self.cache!r}): {exc} Is redis-server running and reachable at "
             f"the cache's LOCATION?"
         )
         return BackendUnavailable(f"djlocks backend {self.alias!r} could not use Redis ({where}")
+
+
+def _shown(url: str | None) -> str:
+    """``url`` without its password, for messages."""
+    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url or "")

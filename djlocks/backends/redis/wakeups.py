@@ -22,10 +22,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from redis import Redis
-from redis.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.cluster import ClusterPubSub, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from djlocks.forksafe import ForkSafeLock
 
@@ -132,6 +133,17 @@ class WakeListener:
                 self._run = None
             return True, idle_since
 
+    def _resubscriber(self, pubsub: Any) -> Any:
+        """After ``pubsub`` failed: the pub/sub to try next. A server's is reset and
+        reconnects to it; a cluster's stays bound to its node (which may have failed
+        over), so a new one is made, on a node the cluster's client picks now."""
+        if isinstance(pubsub, ClusterPubSub):
+            with contextlib.suppress(RedisError, RedisClusterException):
+                pubsub.close()
+            return self._client().pubsub()  # type: ignore[no-untyped-call]
+        pubsub.reset()
+        return pubsub
+
     def _listen(self, run: _Run) -> None:
         idle_since: float | None = None
         pubsub = self._client().pubsub()  # type: ignore[no-untyped-call]
@@ -144,12 +156,12 @@ class WakeListener:
                     if not pubsub.subscribed:
                         pubsub.subscribe(self.channel)
                     message = pubsub.get_message(timeout=LISTEN_SLICE)
-                except RedisError as exc:
+                except (RedisError, RedisClusterException) as exc:
                     run.subscribed.clear()
                     wakeup_log.warning(
                         "wake-up subscription lost (%s); waiters poll meanwhile", exc
                     )
-                    pubsub.reset()
+                    pubsub = self._resubscriber(pubsub)
                     run.stop.wait(RECONNECT_PAUSE)
                     continue
                 if message is None:

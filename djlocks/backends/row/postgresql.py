@@ -119,17 +119,21 @@ class PostgreSQLRows(ServerRowDialect):
         )
         if cursor.fetchone()[0] < request.limit:
             raise RowsMissing
+        gate = advisory_key(request.name, ROW_GATE)
         rows = self._in_savepoint(
             cursor,
             f"SELECT s.old_timeout, s.old_name, pg_advisory_lock(%s) FROM {WAIT_SETTINGS}",
             (
-                advisory_key(request.name, ROW_GATE),
+                gate,
                 postgresql.lock_timeout(seconds),
                 postgresql.application_name(describe(request)),
             ),
         )
         if rows is None:
-            return False
+            # Granted as the time-out or cancel fired? Then this session holds the gate,
+            # which the rollback to the savepoint does not release: it is the caller's.
+            cursor.execute(f"SELECT {postgresql.HELD_HERE}", (gate,))
+            return bool(cursor.fetchone()[0])
         _restore(cursor, *rows[0][:2])
         return True
 

@@ -276,10 +276,7 @@ def granted_anyway(fenced: bool) -> str:
     lock, since a session-level advisory lock outlives the statement's error
     (``LockErrorCleanup`` in PostgreSQL's ``proc.c`` keeps a lock granted meanwhile).
     """
-    return (
-        f"SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks l WHERE {ADVISORY_HELD} "
-        f"AND l.pid = pg_backend_pid() AND {LOCK_KEY} = %s) THEN {_granted(fenced)} END"
-    )
+    return f"SELECT CASE WHEN {HELD_HERE} THEN {_granted(fenced)} END"
 
 
 def _granted(fenced: bool) -> str:
@@ -333,6 +330,11 @@ THIS_DATABASE = "l.database = (SELECT oid FROM pg_database WHERE datname = curre
 ADVISORY_HELD = f"l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND {THIS_DATABASE}"
 #: ``pg_locks`` rows (alias ``l``) of this database's sessions waiting for a single-key
 #: advisory lock.
+#: SQL, true if this session holds the advisory lock of the key ``%s``.
+HELD_HERE = (
+    f"EXISTS (SELECT 1 FROM pg_locks l WHERE {ADVISORY_HELD} "
+    f"AND l.pid = pg_backend_pid() AND {LOCK_KEY} = %s)"
+)
 ADVISORY_WAITING = (
     f"l.locktype = 'advisory' AND NOT l.granted AND l.objsubid = 1 AND {THIS_DATABASE}"
 )
