@@ -42,26 +42,30 @@ Server = PrivatePostgreSQL | PrivateMariaDB
 def primary_and_replica() -> Iterator[tuple[Server, Server]]:
     """A private primary, migrated, and its replica, caught up."""
     names = tuple(set(current_database_names().values()))
-    primary: Server
-    replica: Server
-    if connection.vendor == "postgresql":
-        primary = PrivatePostgreSQL(databases=names)
-        replica = PrivatePostgreSQL(standby_of=primary)
-    else:
-        primary = PrivateMariaDB("--log-bin=primary-bin", "--server-id=1")
-        replica = PrivateMariaDB("--server-id=2")
-        replica.replicate(primary)
-        for name in names:
-            primary.sql(f"CREATE DATABASE `{name}`")
+    primary: Server = (
+        PrivatePostgreSQL(databases=names)
+        if connection.vendor == "postgresql"
+        else PrivateMariaDB("--log-bin=primary-bin", "--server-id=1")
+    )
     try:
-        env = {**os.environ, "DJLOCKS_DB_PORT": str(primary.port)}
-        assert (
-            finished(manage("migrate", "--noinput", env=env, stdout=subprocess.DEVNULL), 180) == 0
+        replica: Server = (
+            PrivatePostgreSQL(standby_of=primary)
+            if isinstance(primary, PrivatePostgreSQL)
+            else PrivateMariaDB("--server-id=2")
         )
-        _until_replicated(primary, replica, names[0])
-        yield primary, replica
+        try:
+            if isinstance(primary, PrivateMariaDB) and isinstance(replica, PrivateMariaDB):
+                replica.replicate(primary)
+                for name in names:
+                    primary.sql(f"CREATE DATABASE `{name}`")
+            env = {**os.environ, "DJLOCKS_DB_PORT": str(primary.port)}
+            migrate = manage("migrate", "--noinput", env=env, stdout=subprocess.DEVNULL)
+            assert finished(migrate, 180) == 0
+            _until_replicated(primary, replica, names[0])
+            yield primary, replica
+        finally:
+            replica.stop()
     finally:
-        replica.stop()
         primary.stop()
 
 
