@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +25,12 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, NotAcquired, Semaphore
 from djlocks.backends import backends
+from djlocks.backends.row.dialect import ROW_GATE
+from djlocks.backends.sql.postgresql import ADVISORY_HELD, LOCK_KEY
+from djlocks.backends.waiting import Abort
 from djlocks.exceptions import LockDeadlock, NotHeld
 from djlocks.inspection import force_release
+from djlocks.keys import advisory_key
 from djlocks.models import LockEvent
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
@@ -414,3 +420,84 @@ def _hold_plainly(name: str, hold: threading.Event, outcome: list[object]) -> No
         outcome.append("committed")
     finally:
         connection.close()
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: MariaDB decides a GET_LOCK's grant or time-out atomically",
+)
+def test_a_semaphore_gate_granted_as_its_wait_times_out_is_given_back() -> None:
+    """A waiter for a full semaphore queues on the name's gate, a session advisory lock,
+    under ``lock_timeout``. Its server process is stopped (in that wait) while the gate
+    is handed to it and its time-out runs out; on resuming it sees both. Rolling back
+    to the savepoint does not release a session lock: the waiter must give the gate
+    back, or its connection keeps every later waiter of the name out."""
+    name, limit = "r:gate-race", 2
+    gate = advisory_key(name, ROW_GATE)
+    held, leave, checked = threading.Semaphore(0), threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def hold_a_slot() -> None:
+        with transaction.atomic(), Semaphore(name, limit=limit, backend=ROW, ttl=3, timeout=5):
+            held.release()
+            leave.wait(30)
+        connection.close()
+
+    def wait(abort: Abort | None, timeout: float) -> None:
+        semaphore = Semaphore(name, limit=limit, backend=ROW, ttl=3)
+        outcome.append(semaphore.acquire_grant(timeout=timeout, abort=abort))
+        checked.wait(30)  # the connection, which would hold a leaked gate, stays open
+        connection.close()
+
+    abort = Abort()
+    threads = [threading.Thread(target=hold_a_slot) for _ in range(limit)]
+    threads.append(threading.Thread(target=wait, args=(abort, 30)))  # holds the gate
+    try:
+        for thread in threads[:limit]:
+            thread.start()
+            assert held.acquire(timeout=10)
+        threads[-1].start()
+        gate_holder = _gate_process(gate, granted=True)
+        threads.append(threading.Thread(target=wait, args=(None, 2.0)))
+        threads[-1].start()
+        waiter = _gate_process(gate, granted=False)
+        assert waiter != gate_holder
+        os.kill(waiter, signal.SIGSTOP)
+        try:
+            abort.set()  # the gate's holder gives it back: the server hands it over
+            time.sleep(2.5)  # the stopped waiter's lock_timeout runs out
+        finally:
+            os.kill(waiter, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while len(outcome) < 2:
+            assert time.monotonic() < deadline, "a waiter never returned"
+            time.sleep(0.02)
+        assert outcome == [None, None], "both waits end without a slot"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT count(*) FROM pg_locks l WHERE {ADVISORY_HELD} AND {LOCK_KEY} = %s",
+                (gate,),
+            )
+            assert cursor.fetchone()[0] == 0, "the gate is still held"
+    finally:
+        checked.set()
+        leave.set()
+        for thread in threads:
+            thread.join(30)
+
+
+def _gate_process(gate: int, *, granted: bool) -> int:
+    """The server process that holds (``granted``) or waits for the advisory lock ``gate``."""
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                f"SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' "
+                f"AND l.granted = %s AND {LOCK_KEY} = %s",
+                (granted, gate),
+            )
+            found = cursor.fetchall()
+            if found:
+                return int(found[0][0])
+            assert time.monotonic() < deadline, "nobody holds or waits for the gate"
+            time.sleep(0.01)
