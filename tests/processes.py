@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from djlocks.stress import current_database_names, manage_command
+from tests.faults import until
 
 
 def manage(
@@ -49,3 +51,27 @@ def wait_until_dead(pid: int, timeout: float) -> None:
     while alive(pid):
         assert time.monotonic() < deadline, f"process {pid} is still running"
         time.sleep(0.02)
+
+
+def advisory_lock_process(keys: Collection[int], *, granted: bool) -> tuple[int, int]:
+    """The PostgreSQL server process, of the test database, that holds (``granted``) or
+    waits for the advisory lock of one of ``keys``; and that key. Waits up to 10 s."""
+    from django.db import connection
+
+    from djlocks.backends.sql.postgresql import LOCK_KEY
+
+    found: list[tuple[int, int]] = []
+
+    def look() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT l.pid, {LOCK_KEY} FROM pg_locks l "
+                f"JOIN pg_database d ON d.oid = l.database AND d.datname = current_database() "
+                f"WHERE l.locktype = 'advisory' AND l.granted = %s AND {LOCK_KEY} = ANY(%s)",
+                (granted, list(keys)),
+            )
+            found.extend((int(pid), int(key)) for pid, key in cursor.fetchall())
+        return bool(found)
+
+    until(look, "a session to hold or wait for the advisory lock", timeout=10)
+    return found[0]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from django.db import connection
 
 from djlocks import Lock
 from djlocks.stress import current_database_names
-from tests.faults import PrivateMariaDB, PrivatePostgreSQL
+from tests.faults import PrivateMariaDB, PrivatePostgreSQL, until
 from tests.processes import finished, manage
 
 pytestmark = [
@@ -78,10 +77,10 @@ def _until_replicated(primary: Server, replica: Server, database: str) -> None:
     )
     query = f"SELECT COUNT(*) FROM {table}"
     applied = _answer(primary, query, database)
-    deadline = time.monotonic() + 60
-    while _answer(replica, query, database, missing="0") != applied:
-        assert time.monotonic() < deadline, "the replica never caught up"
-        time.sleep(0.1)
+    until(
+        lambda: _answer(replica, query, database, missing="0") == applied,
+        "the replica to catch up",
+    )
 
 
 def _answer(server: Server, query: str, database: str, missing: str | None = None) -> str:

@@ -35,6 +35,7 @@ from djlocks.models import LockEvent
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy, free_port
+from tests.processes import advisory_lock_process
 from tests.workers import CONTEXT, hold_then_report, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
@@ -457,10 +458,10 @@ def test_a_semaphore_gate_granted_as_its_wait_times_out_is_given_back() -> None:
             thread.start()
             assert held.acquire(timeout=10)
         threads[-1].start()
-        gate_holder = _gate_process(gate, granted=True)
+        gate_holder, _ = advisory_lock_process([gate], granted=True)
         threads.append(threading.Thread(target=wait, args=(None, 2.0)))
         threads[-1].start()
-        waiter = _gate_process(gate, granted=False)
+        waiter, _ = advisory_lock_process([gate], granted=False)
         assert waiter != gate_holder
         os.kill(waiter, signal.SIGSTOP)
         try:
@@ -484,20 +485,3 @@ def test_a_semaphore_gate_granted_as_its_wait_times_out_is_given_back() -> None:
         leave.set()
         for thread in threads:
             thread.join(30)
-
-
-def _gate_process(gate: int, *, granted: bool) -> int:
-    """The server process that holds (``granted``) or waits for the advisory lock ``gate``."""
-    deadline = time.monotonic() + 10
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                f"SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' "
-                f"AND l.granted = %s AND {LOCK_KEY} = %s",
-                (granted, gate),
-            )
-            found = cursor.fetchall()
-            if found:
-                return int(found[0][0])
-            assert time.monotonic() < deadline, "nobody holds or waits for the gate"
-            time.sleep(0.01)

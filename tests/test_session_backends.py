@@ -38,7 +38,7 @@ from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
 from tests.faults import PgBouncer, TcpProxy
-from tests.processes import manage
+from tests.processes import advisory_lock_process, manage
 from tests.workers import (
     CONTEXT,
     acquired_in_another_thread,
@@ -514,7 +514,9 @@ def test_a_wait_granted_as_its_lock_timeout_fires_is_a_grant(
     )
     waiter.start()
     try:
-        pid, key = _waiting_server_process({_key(name, limit, g.slot) for g in grants if g})
+        pid, key = advisory_lock_process(
+            {_key(name, limit, g.slot) for g in grants if g}, granted=False
+        )
         (freed,) = [g for g in grants if g and _key(name, limit, g.slot) == key]
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -547,25 +549,6 @@ WAITED = 2.0
 def _key(name: str, limit: int, slot: int) -> int:
     """The advisory-lock key of a lock (``limit`` 1) or of one semaphore slot."""
     return int(backends[SESSION].key(name) if limit == 1 else backends[SESSION].key(name, slot))
-
-
-def _waiting_server_process(keys: set[int]) -> tuple[int, int]:
-    """The server process of the session of this database waiting for one of ``keys``,
-    and the key."""
-    deadline = time.monotonic() + 10
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                f"SELECT l.pid, {LOCK_KEY} FROM pg_locks l "
-                f"JOIN pg_database d ON d.oid = l.database AND d.datname = current_database() "
-                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND {LOCK_KEY} = ANY(%s)",
-                (list(keys),),
-            )
-            found = cursor.fetchall()
-            if found:
-                return int(found[0][0]), int(found[0][1])
-            assert time.monotonic() < deadline, "nobody waits in the server"
-            time.sleep(0.01)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="MariaDB's is the next test")
