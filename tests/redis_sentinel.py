@@ -1,4 +1,4 @@
-"""A private Redis master, its replica and three Sentinels on loopback, for the
+"""A private Redis master, its replicas and three Sentinels on loopback, for the
 fail-over tests: the Redis backend reaches the master through django-redis's
 Sentinel client, which asks the Sentinels where the master is."""
 
@@ -16,28 +16,29 @@ SENTINELS = 3
 
 
 class PrivateRedisSentinel:
-    """A master and a replica watched by ``SENTINELS`` Sentinels, which fail a master
-    over once a majority has not heard from it for ``down_after`` seconds."""
+    """A master and ``replicas`` replicas watched by ``SENTINELS`` Sentinels, which fail
+    a master over once a majority has not heard from it for ``down_after`` seconds."""
 
-    def __init__(self, down_after: float = 1.0) -> None:
+    def __init__(self, down_after: float = 1.0, replicas: int = 1) -> None:
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-sentinel-"))
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
-        master, replica = free_port(), free_port()
+        master = free_port()
+        self.replica_ports = [free_port() for _ in range(replicas)]
         #: The name the Sentinels know the master by: one of its own per set-up, since
         #: django-redis keeps its connection pools by URL for the life of the process.
         self.service = f"djlocks-{master}"
         self.sentinel_ports = [free_port() for _ in range(SENTINELS)]
         try:
-            self._start_all(master, replica, down_after)
+            self._start_all(master, down_after)
         except BaseException:
             self.stop()
             raise
 
-    def _start_all(self, master: int, replica: int, down_after: float) -> None:
+    def _start_all(self, master: int, down_after: float) -> None:
         self._start(master)
-        self._start(replica, "--replicaof", "127.0.0.1", str(master))
-        until(lambda: "master_link_status:up" in self.cli(replica, "INFO", "replication"),
-               "the replica to sync")  # fmt: skip
+        for replica in self.replica_ports:
+            self._start(replica, "--replicaof", "127.0.0.1", str(master))
+            until(lambda port=replica: self._synced(port), "the replica to sync")
         for port in self.sentinel_ports:
             config = self._home / f"sentinel-{port}.conf"
             config.write_text(
@@ -49,7 +50,7 @@ class PrivateRedisSentinel:
             self._processes[port] = subprocess.Popen(
                 ["redis-server", str(config), "--sentinel"], stdout=subprocess.DEVNULL
             )
-        until(self._sentinels_know_each_other, "the Sentinels to find each other and the replica")
+        until(self._sentinels_know_each_other, "the Sentinels to find each other and the replicas")
 
     def _start(self, port: int, *options: str) -> None:
         directory = self._home / str(port)
@@ -60,6 +61,9 @@ class PrivateRedisSentinel:
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         until(lambda: self.cli(port, "PING") == "PONG", "a Redis to start")
+
+    def _synced(self, replica: int) -> bool:
+        return "master_link_status:up" in self.cli(replica, "INFO", "replication")
 
     def cli(self, port: int, *command: str) -> str:
         """``redis-cli`` on the server or Sentinel at ``port``: its output, stripped."""
@@ -72,7 +76,9 @@ class PrivateRedisSentinel:
         for port in self.sentinel_ports:
             master = self.cli(port, "SENTINEL", "MASTER", self.service).splitlines()
             fields = dict(zip(master[::2], master[1::2], strict=False))
-            if fields.get("num-slaves") != "1" or fields.get("num-other-sentinels") != "2":
+            if fields.get("num-slaves") != str(len(self.replica_ports)):
+                return False
+            if fields.get("num-other-sentinels") != str(SENTINELS - 1):
                 return False
         return True
 

@@ -61,9 +61,11 @@ class Replicated:
     hand_over: Callable[[int], None]
 
 
-@pytest.fixture(params=["cluster", "sentinel"])
+@pytest.fixture(params=["cluster", "sentinel", "sentinel-acknowledged"])
 def replicated(request: pytest.FixtureRequest) -> Iterator[Replicated]:
-    """The ``failover`` backend on a private cluster, or behind private Sentinels."""
+    """The ``failover`` backend on a private cluster, or behind private Sentinels: with
+    one replica, or with two and each grant and renewal acknowledged by one of them
+    (``wait_replicas``)."""
     caches = dict(settings.CACHES)
     if request.param == "cluster":
         cluster = PrivateRedisCluster(node_timeout=DOWN_AFTER)
@@ -78,12 +80,13 @@ def replicated(request: pytest.FixtureRequest) -> Iterator[Replicated]:
             ),
         )
     else:
-        sentinel = PrivateRedisSentinel(down_after=DOWN_AFTER)
+        acknowledged = request.param == "sentinel-acknowledged"
+        sentinel = PrivateRedisSentinel(down_after=DOWN_AFTER, replicas=2 if acknowledged else 1)
         server = sentinel
         caches[FAILOVER] = sentinel.cache()
-        options = {"cache": FAILOVER}
+        options = {"cache": FAILOVER, **({"wait_replicas": 1} if acknowledged else {})}
         setup = Replicated(
-            request.param,
+            "sentinel, 2 replicas, wait_replicas 1" if acknowledged else "sentinel",
             lambda name: sentinel.master(),
             sentinel.kill,
             lambda _: sentinel.hand_over(),

@@ -29,7 +29,9 @@ cool-downs and the holder's identity.
 
 What Redis cannot promise: a failover to a replica, or a restart that loses
 writes (no ``appendfsync always``), can grant a name twice; fences, and the
-``LockLost`` the holder then gets, are the defence. A ``maxmemory-policy``
+``LockLost`` the holder then gets, are the defence. ``OPTIONS["wait_replicas"]``
+narrows it: each grant and renewal counts only once that many replicas have it
+(``WAIT``, in ``replicas``). A ``maxmemory-policy``
 other than ``noeviction`` may evict leases (system check ``djlocks.W004``).
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
 import time
@@ -40,7 +41,9 @@ class RedisBackend(RedisInspection):
 
     OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
     default ``"default"``) or ``cluster`` (a Redis Cluster node's URL), ``prefix``
-    (key prefix, default ``DJLOCKS["KEY_PREFIX"]``). Crash release: at the TTL.
+    (key prefix, default ``DJLOCKS["KEY_PREFIX"]``), ``wait_replicas`` and
+    ``wait_timeout`` (replicas that must acknowledge each grant and renewal, Redis
+    ``WAIT``: see ``replicas``). Crash release: at the TTL.
     Waiters queue FIFO in Redis and are woken through pub/sub, with a bounded poll.
     """
 
@@ -107,13 +110,31 @@ class RedisBackend(RedisInspection):
                     return None
                 if wake.message is not None:
                     # Handed over after this waiter's last try ran: the lease began later.
-                    return handed_grant(secret, wake.message, attempt.sent)
+                    handed = self._confirmed(
+                        request, handed_grant(secret, wake.message, attempt.sent)
+                    )
+                    if handed is not None:
+                        return handed
+                    wake.message = None
                 wake.event.clear()
                 mode = "wait"
 
+    def _confirmed(self, request: AcquireRequest, handed: GrantRecord) -> GrantRecord | None:
+        """``handed``, a grant a release made, once ``wait_replicas`` replicas have it:
+        a renewal, sent with ``WAIT``, covers the release's writes too (a replica
+        applies them in order). ``None`` if the lease ended before it was confirmed.
+        Raises ``BackendUnavailable`` when too few replicas acknowledged it."""
+        if not self.acknowledgement:
+            return handed
+        try:
+            expires_ms = self._renew(request.name, handed.token, ms(request.ttl), "the hand-off")
+        except LockLost:
+            return None
+        return dataclasses.replace(handed, expires_at=moment(expires_ms))
+
     def _attempt(self, request: AcquireRequest, secret: str, mode: str) -> Attempt:
         sent = time.monotonic()
-        reply = self._run(
+        reply, acknowledged = self._run_acknowledged(
             "acquire",
             request.name,
             secret,
@@ -131,6 +152,8 @@ class RedisBackend(RedisInspection):
         if status == WAITING:
             soonest = int(reply[1])
             return Attempt(None, sent, None if soonest < 0 else soonest / 1000)
+        if error := self.unacknowledged(f"the grant of {request.name!r}", acknowledged):
+            raise error  # acquire() gives the grant back
         slot, fence, expires_ms = int(reply[1]), int(reply[2]), int(reply[3])
         grant = GrantRecord(
             token_of(secret, slot), slot, fence, moment(expires_ms), requested_at=sent
@@ -169,12 +192,17 @@ class RedisBackend(RedisInspection):
         self._renew(name, token, 0)
         return True
 
-    def _renew(self, name: str, token: str, ttl_ms: int) -> int:
+    def _renew(self, name: str, token: str, ttl_ms: int, what: str = "the renewal") -> int:
         """Renew (``ttl_ms`` 0: only check); return the new expiry (ms). Raises
         ``LockLost`` if the grant ended, ``ReleaseRequested`` while an operator asks
-        for it back."""
+        for it back, ``BackendUnavailable`` if fewer replicas than ``wait_replicas``
+        acknowledged a renewal (the heartbeat retries it; the holder's belief runs
+        from the last acknowledged one)."""
         secret, slot = split_token(token)
-        reply = self._run("renew", name, secret, slot, ttl_ms)
+        if ttl_ms:
+            reply, acknowledged = self._run_acknowledged("renew", name, secret, slot, ttl_ms)
+        else:
+            reply, acknowledged = self._run("renew", name, secret, slot, ttl_ms), 0
         if int(reply[0]) == RELEASE_REQUESTED:
             left = int(reply[2]) / 1000
             raise ReleaseRequested(
@@ -193,6 +221,8 @@ class RedisBackend(RedisInspection):
                 f"Redis restarted while {name!r} was held (its run id changed); the grant "
                 f"restored from disk was ended."
             )
+        if ttl_ms and (error := self.unacknowledged(f"{what} of {name!r}", acknowledged)):
+            raise error
         return int(reply[1])
 
     def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:

@@ -18,6 +18,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from djlocks.backends.base import LockBackend
 from djlocks.backends.push import RedisListener
 from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_source
+from djlocks.backends.redis.replicas import Acknowledgement, replicas_short, run_and_wait
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -36,7 +37,9 @@ class RedisStore(LockBackend):
     default ``"default"``), or ``cluster`` (the URL of any node of a Redis
     Cluster, ``redis://host:port/0``, through redis-py's ``RedisCluster``, which
     finds the other nodes and follows the cluster's changes); ``prefix`` (key
-    prefix, default ``DJLOCKS["KEY_PREFIX"]``).
+    prefix, default ``DJLOCKS["KEY_PREFIX"]``); ``wait_replicas`` (how many replicas
+    must have each grant and renewal, Redis ``WAIT``; default 0, do not wait) and
+    ``wait_timeout`` (seconds they have to, default 0.5; see ``replicas``).
     """
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
@@ -48,6 +51,7 @@ class RedisStore(LockBackend):
                 f"djlocks backend {alias!r}: give OPTIONS['cache'] (a django-redis cache) or "
                 f"OPTIONS['cluster'] (a Redis Cluster node's URL), not both."
             )
+        self.acknowledgement = Acknowledgement.from_options(alias, self.options)
         self.prefix: str = self.options.get("prefix") or djlocks_settings()["KEY_PREFIX"]
         if not self.prefix or not set(self.prefix) <= PREFIX_CHARACTERS:
             raise ImproperlyConfigured(
@@ -64,11 +68,12 @@ class RedisStore(LockBackend):
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
         """When Django asks about databases: E008 a cache that is not django-redis,
-        W005 Redis cannot be reached, W004 an eviction policy that may delete leases."""
+        W005 Redis cannot be reached, W004 an eviction policy that may delete leases,
+        W008 fewer replicas connected than ``wait_replicas`` asks for."""
         if databases is None:
             return []
         try:
-            policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
+            return [*self._eviction_messages(), *self._replica_messages()]
         except ImproperlyConfigured as exc:
             hint = (
                 "Set OPTIONS['cluster'] to a Redis Cluster node's URL, redis://host:port/0"
@@ -77,8 +82,6 @@ class RedisStore(LockBackend):
                 "'django_redis.cache.RedisCache'"
             )
             return [Error(str(exc), hint=hint + ".", id="djlocks.E008")]
-        except ResponseError:
-            return []  # CONFIG is disabled (managed Redis): the policy cannot be read
         except (*STORE_ERRORS, BackendUnavailable) as exc:
             return [
                 checks.Warning(
@@ -89,6 +92,12 @@ class RedisStore(LockBackend):
                     id="djlocks.W005",
                 )
             ]
+
+    def _eviction_messages(self) -> list[CheckMessage]:
+        try:
+            policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
+        except ResponseError:
+            return []  # CONFIG is disabled (managed Redis): the policy cannot be read
         if policy in (None, "noeviction"):
             return []
         return [
@@ -97,6 +106,22 @@ class RedisStore(LockBackend):
                 f"{policy}) when it is full, and an evicted lease is a lock granted twice.",
                 hint="Set maxmemory-policy noeviction, or give locks a Redis of their own.",
                 id="djlocks.W004",
+            )
+        ]
+
+    def _replica_messages(self) -> list[CheckMessage]:
+        if not self.acknowledgement:
+            return []
+        short = replicas_short(self.redis(), self.acknowledgement.replicas)
+        if not short:
+            return []
+        return [
+            checks.Warning(
+                f"djlocks backend {self.alias!r} waits for {self.acknowledgement.replicas} "
+                f"replica(s) to acknowledge each grant and renewal, but {', '.join(short)} "
+                f"connected: its grants cannot be acknowledged, so acquires will fail.",
+                hint="Connect the replicas, or lower OPTIONS['wait_replicas'].",
+                id="djlocks.W008",
             )
         ]
 
@@ -163,6 +188,36 @@ class RedisStore(LockBackend):
             return self._scripts[script](keys=[meta_key], args=list(args))
         except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
+
+    def _run_acknowledged(self, script: str, name: str, *args: str | int) -> tuple[Any, int]:
+        """Run ``script`` on the keys of ``name`` and wait for ``wait_replicas`` replicas to
+        have its writes (``replicas.run_and_wait``); return its reply and how many did.
+        Without ``wait_replicas``, as ``_run``, with no replica counted."""
+        if not self.acknowledgement:
+            return self._run(script, name, *args), 0
+        try:
+            return run_and_wait(
+                self.redis(),
+                self._scripts[script],
+                redis_meta_key(self.prefix, name),
+                args,
+                self.acknowledgement,
+            )
+        except STORE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    def unacknowledged(self, what: str, acknowledged: int) -> BackendUnavailable | None:
+        """The error for ``what`` (a grant or renewal) that only ``acknowledged`` replicas
+        have, or ``None`` if enough do."""
+        wanted = self.acknowledgement
+        if acknowledged >= wanted.replicas:
+            return None
+        return BackendUnavailable(
+            f"djlocks backend {self.alias!r}: {what} reached {acknowledged} of the "
+            f"{wanted.replicas} replica(s) OPTIONS['wait_replicas'] asks for within "
+            f"{wanted.timeout:g} s (OPTIONS['wait_timeout']). Are the replicas connected "
+            f"and keeping up? (`manage.py check --database default` counts them.)"
+        )
 
     def _unavailable(self, exc: Exception) -> BackendUnavailable:
         where = (
