@@ -122,3 +122,35 @@ def test_without_its_replica_no_grant_is_counted_and_the_holder_is_told(
     (warning,) = backends[ACKED].check(["default"])
     assert warning.id == "djlocks.W008" and "the master has 0" in warning.msg
     backends[ACKED].force_release("acked:gone")
+
+
+CLUSTER = [alias for alias in settings.DJLOCKS["BACKENDS"] if alias == "redis-cluster"]
+
+
+@pytest.mark.parametrize("backend", CLUSTER)
+def test_on_a_cluster_each_grant_waits_for_the_replica_of_its_own_master(backend: str) -> None:
+    """The test cluster's masters have one replica each: one is found and waited for on
+    whichever master serves a name; asking for two gives every grant back."""
+    options = settings.DJLOCKS["BACKENDS"][backend]["OPTIONS"]
+    spec = {"BACKEND": "djlocks.backends.redis.RedisBackend"}
+    acked = {**spec, "OPTIONS": {**options, "wait_replicas": 1}}
+    overasked = {**spec, "OPTIONS": {**options, "wait_replicas": 2, "wait_timeout": 0.1}}
+    configured = settings.DJLOCKS["BACKENDS"]
+    try:
+        with override_settings(
+            DJLOCKS={
+                **settings.DJLOCKS,
+                "BACKENDS": {**configured, "acked": acked, "overasked": overasked},
+            }
+        ):
+            names = [f"acked:{n}" for n in range(12)]  # spread over the three masters
+            for name in names:
+                with Lock(name, backend="acked", ttl=5) as grant:
+                    assert grant.fence > 0
+            assert backends["acked"].check(["default"]) == []
+            with pytest.raises(BackendUnavailable, match=r"reached 1 of the 2 replica"):
+                Lock(names[0], backend="overasked", ttl=5).acquire(timeout=0)
+            (warning,) = backends["overasked"].check(["default"])
+            assert warning.id == "djlocks.W008" and warning.msg.count("has 1") == 3
+    finally:
+        backends.reset()
