@@ -27,12 +27,19 @@ import os
 import queue
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from djlocks.percentiles import percentile
 
 Operation = tuple[int, int, int, int]  # asked, got, done (monotonic ns), pid
+WORKER = "contender-"
+
+
+def worker_number() -> int:
+    """This contending process's number in its ``Crew``, from 0."""
+    return int(multiprocessing.current_process().name.removeprefix(WORKER))
 
 
 @dataclass(frozen=True)
@@ -89,9 +96,13 @@ class Crew:
         context = multiprocessing.get_context("spawn")
         self.ready, self.start, self.out = context.Queue(), context.Event(), context.Queue()
         self.orders = [context.Queue() for _ in range(processes)]
-        self.workers = [
-            context.Process(target=serve, args=(module, orders, self.ready, self.start, self.out))
-            for orders in self.orders
+        self.workers = [  # named by number: ``worker_number()`` in each
+            context.Process(
+                target=serve,
+                args=(module, orders, self.ready, self.start, self.out),
+                name=f"{WORKER}{number}",
+            )
+            for number, orders in enumerate(self.orders)
         ]
         for process in self.workers:
             process.start()
@@ -126,6 +137,7 @@ class Crew:
         if workload.limit == 1:  # with several holders the counter is meant to lose updates
             result["lost_updates"] = expected - final_count()
             result.update(handoff_and_barging(operations))
+            result["fairness"] = fairness(operations)
         else:
             result["share_of_ideal"] = round(
                 result["ops_per_s"] / (workload.limit / workload.hold), 3
@@ -165,6 +177,18 @@ def most_at_once(operations: list[Operation]) -> int:
         open_now += step
         most = max(most, open_now)
     return most
+
+
+def fairness(operations: list[Operation]) -> float:
+    """Jain's index of the grants each process got until the first of them had all of
+    its own: 1.0 when every process got as many, 1/n when one got them all."""
+    last: dict[int, int] = {}
+    for _, _, done, pid in operations:
+        last[pid] = max(last.get(pid, 0), done)
+    first_through = min(last.values())
+    counts = Counter(pid for _, _, done, pid in operations if done <= first_through)
+    got = [counts[pid] for pid in last]
+    return round(sum(got) ** 2 / (len(got) * sum(n * n for n in got)), 3)
 
 
 def handoff_and_barging(operations: list[Operation]) -> dict[str, Any]:

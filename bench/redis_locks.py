@@ -47,8 +47,8 @@ from django.core.management import call_command  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
 from bench.contention import Crew, Workload  # noqa: E402
+from bench.interleaved import Handle, summary, time_pairs  # noqa: E402
 from djlocks import Lock, Semaphore  # noqa: E402
-from djlocks.percentiles import percentile  # noqa: E402
 
 NAME = "bench:redis"
 COUNTER = "bench:redis:counter"
@@ -58,7 +58,6 @@ CONTENDERS = (
     "redis-py Lock",
     "python-redis-lock",
 )
-Handle = tuple[Callable[[], object], Callable[[], object]]
 
 
 def client() -> redis.Redis:
@@ -92,34 +91,17 @@ def ping_seconds(connection: redis.Redis, samples: int) -> list[float]:
 
 def uncontended(pairs: int, rounds: int) -> tuple[float, list[dict[str, Any]]]:
     """The floor (median ``PING``, sampled between every batch) and each contender's pairs."""
-    times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-    handles = {c: handle(c) for c in CONTENDERS}
     pinger = client()
     pings = ping_seconds(pinger, 100)
-    for contender, (acquire, release) in handles.items():  # warm-up
-        with history(contender):
-            for _ in range(50):
-                acquire()
-                release()
-    for _ in range(rounds):
-        for contender, (acquire, release) in handles.items():
-            pings += ping_seconds(pinger, 20)
-            with history(contender):
-                for _ in range(pairs // rounds):
-                    began = time.perf_counter()
-                    acquire()
-                    release()
-                    times[contender].append(time.perf_counter() - began)
+    times = time_pairs(
+        {c: handle(c) for c in CONTENDERS},
+        pairs,
+        rounds,
+        history,
+        between=lambda: pings.extend(ping_seconds(pinger, 20)),
+    )
     floor = statistics.median(pings)
-    return floor, [
-        {
-            "contender": contender,
-            "median_us": round(statistics.median(samples) * 1e6, 1),
-            "p99_us": round((percentile(samples, 99) or 0) * 1e6, 1),
-            "x_rtt": round(statistics.median(samples) / floor, 2),
-        }
-        for contender, samples in times.items()
-    ]
+    return floor, [summary(contender, samples, floor) for contender, samples in times.items()]
 
 
 def context(contender: str) -> Any:

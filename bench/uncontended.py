@@ -33,8 +33,8 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from bench.database_locks import TWO_UPSERTS, contenders, context, locking  # noqa: E402
+from bench.interleaved import summary, time_pairs  # noqa: E402
 from djlocks.backends.dedicated import DedicatedConnections  # noqa: E402
-from djlocks.percentiles import percentile  # noqa: E402
 
 
 def floor_seconds(samples: int) -> float:
@@ -57,34 +57,13 @@ def run(pairs: int, rounds: int) -> dict[str, Any]:
     floors = [TWO_UPSERTS] if connection.vendor in ("postgresql", "mysql") else []
     handles = {label: locking(label) for label in [*contenders(), *floors]}
     floor_before = floor_seconds(200)
-    times: dict[str, list[float]] = {label: [] for label in handles}
-    for label, (acquire, release) in handles.items():  # warm-up: connections, first use
-        with context(label):
-            for _ in range(50):
-                acquire()
-                release()
-    for _ in range(rounds):
-        for label, (acquire, release) in handles.items():
-            with context(label):
-                for _ in range(pairs // rounds):
-                    began = time.perf_counter()
-                    acquire()
-                    release()
-                    times[label].append(time.perf_counter() - began)
+    times = time_pairs(handles, pairs, rounds, context)
     floor = statistics.median([floor_before, floor_seconds(200)])
     return {
         "database": connection.vendor,
         "floor_us": round(floor * 1e6, 1),
         "pairs": pairs,
-        "results": [
-            {
-                "contender": label,
-                "median_us": round(statistics.median(samples) * 1e6, 1),
-                "p99_us": round((percentile(samples, 99) or 0) * 1e6, 1),
-                "x_rtt": round(statistics.median(samples) / floor, 2),
-            }
-            for label, samples in times.items()
-        ],
+        "results": [summary(label, samples, floor) for label, samples in times.items()],
     }
 
 

@@ -87,10 +87,16 @@ class PrivateRedisCluster:
 
     def _replicas_in_sync(self) -> bool:
         """Whether each replica's link to its master is up (a replica that never synced
-        would refuse to take over from it)."""
+        would refuse to take over from it), and each master counts its replica online
+        (only then does ``WAIT`` count it: after its first acknowledgement)."""
         roles = [self.cli(port, "INFO", "replication") for port in self.ports]
         replicas = [role for role in roles if "role:slave" in role]
-        return len(replicas) == MASTERS and all("master_link_status:up" in r for r in replicas)
+        masters = [role for role in roles if "role:master" in role]
+        return (
+            len(replicas) == MASTERS
+            and all("master_link_status:up" in replica for replica in replicas)
+            and all("state=online" in master for master in masters)
+        )
 
     def master_of(self, key: str) -> int | None:
         """The port of the master that serves ``key``'s slot now (``None``: none does,

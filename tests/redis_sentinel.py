@@ -38,7 +38,7 @@ class PrivateRedisSentinel:
         self._start(master)
         for replica in self.replica_ports:
             self._start(replica, "--replicaof", "127.0.0.1", str(master))
-            until(lambda port=replica: self._synced(port), "the replica to sync")
+            until(lambda port=replica: self._synced(port, master), "the replica to sync")
         for port in self.sentinel_ports:
             config = self._home / f"sentinel-{port}.conf"
             config.write_text(
@@ -62,8 +62,12 @@ class PrivateRedisSentinel:
         )  # fmt: skip
         until(lambda: self.cli(port, "PING") == "PONG", "a Redis to start")
 
-    def _synced(self, replica: int) -> bool:
-        return "master_link_status:up" in self.cli(replica, "INFO", "replication")
+    def _synced(self, replica: int, master: int) -> bool:
+        """Whether ``replica``'s link is up and the master counts it online (only then
+        does ``WAIT`` count it: after its first acknowledgement)."""
+        return "master_link_status:up" in self.cli(replica, "INFO", "replication") and (
+            f"port={replica},state=online" in self.cli(master, "INFO", "replication")
+        )
 
     def cli(self, port: int, *command: str) -> str:
         """``redis-cli`` on the server or Sentinel at ``port``: its output, stripped."""

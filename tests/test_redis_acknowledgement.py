@@ -118,6 +118,11 @@ def test_without_its_replica_no_grant_is_counted_and_the_holder_is_told(
         Lock("acked:other", backend=ACKED, ttl=5).acquire(timeout=0)
     assert time.monotonic() - began >= WAIT_TIMEOUT * 0.9, "WAIT did not wait"
     assert backends[ACKED].holders("acked:other") == []
+    # A waiter that gets in (a queue is joined on a wait) gives back grant and place.
+    with pytest.raises(BackendUnavailable, match=r"reached 0 of the 1 replica"):
+        Lock("acked:other", backend=ACKED, ttl=5).acquire(timeout=5)
+    assert backends[ACKED].holders("acked:other") == []
+    assert backends[ACKED].waiters("acked:other") == []
 
     (warning,) = backends[ACKED].check(["default"])
     assert warning.id == "djlocks.W008" and "the master has 0" in warning.msg

@@ -61,18 +61,24 @@ class Replicated:
     hand_over: Callable[[int], None]
 
 
-@pytest.fixture(params=["cluster", "sentinel", "sentinel-acknowledged"])
+#: The set-ups every fail-over runs on: a cluster, Sentinel with one replica, and
+#: Sentinel with two and every grant and renewal acknowledged by one (``wait_replicas``).
+SETUPS = ["cluster", "sentinel", "sentinel-acknowledged"]
+
+
+@pytest.fixture
 def replicated(request: pytest.FixtureRequest) -> Iterator[Replicated]:
-    """The ``failover`` backend on a private cluster, or behind private Sentinels: with
-    one replica, or with two and each grant and renewal acknowledged by one of them
-    (``wait_replicas``)."""
+    """The ``failover`` backend on a private cluster, or behind private Sentinels (the
+    parameter: one of ``SETUPS``, or ``cluster-acknowledged``: one replica per master,
+    acknowledging each grant and renewal)."""
     caches = dict(settings.CACHES)
-    if request.param == "cluster":
+    if request.param.startswith("cluster"):
+        acknowledged = request.param == "cluster-acknowledged"
         cluster = PrivateRedisCluster(node_timeout=DOWN_AFTER)
         server: PrivateRedisCluster | PrivateRedisSentinel = cluster
-        options = {"cluster": cluster.url}
+        options = {"cluster": cluster.url, **({"wait_replicas": 1} if acknowledged else {})}
         setup = Replicated(
-            "cluster",
+            "cluster, wait_replicas 1" if acknowledged else "cluster",
             lambda name: cluster.master_of(redis_meta_key(settings_prefix(), name)),
             cluster.kill,
             lambda master: _replied_ok(
@@ -176,6 +182,7 @@ def _record(bounds: Callable[[str, float], None], how: str, seen: dict[str, floa
 
 
 @pytest.mark.catalogue("redis-failover", backend="redis")
+@pytest.mark.parametrize("replicated", SETUPS, indirect=True)
 def test_a_master_killed_under_a_holder_is_replaced_and_the_holder_told(
     replicated: Replicated, bounds: Callable[[str, float], None]
 ) -> None:
@@ -185,12 +192,18 @@ def test_a_master_killed_under_a_holder_is_replaced_and_the_holder_told(
 
 
 @pytest.mark.catalogue("redis-failover", backend="redis")
+@pytest.mark.parametrize("replicated", [*SETUPS, "cluster-acknowledged"], indirect=True)
 def test_a_fail_over_on_request_ends_grants_as_safely(
     replicated: Replicated, bounds: Callable[[str, float], None]
 ) -> None:
     """``CLUSTER FAILOVER`` stops the old master's writes before its replica takes
     over. ``SENTINEL FAILOVER`` does not: the old master takes renewals until it is
     made a replica, while the new one lets the lease expire (two holders, the old
-    one's fenced writes refused)."""
+    one's fenced writes refused).
+
+    With ``wait_replicas`` on a cluster, the holder's renewals and the waiter's grant
+    follow the slot to the promoted replica, whose old master now replicates it (a
+    killed master would leave it none: one replica per master cannot acknowledge a
+    grant after a SIGKILL, so that case is not run)."""
     seen = _through_a_failover(replicated, "failover:asked", replicated.hand_over)
     _record(bounds, f"{replicated.kind}, fail-over on request", seen)

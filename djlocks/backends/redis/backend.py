@@ -128,6 +128,8 @@ class RedisBackend(RedisInspection):
             return handed
         try:
             expires_ms = self._renew(request.name, handed.token, ms(request.ttl), "the hand-off")
+        except ReleaseRequested:
+            raise  # an operator wants it back already: acquire() gives it back
         except LockLost:
             return None
         return dataclasses.replace(handed, expires_at=moment(expires_ms))
@@ -201,16 +203,9 @@ class RedisBackend(RedisInspection):
         secret, slot = split_token(token)
         if ttl_ms:
             reply, acknowledged = self._run_acknowledged("renew", name, secret, slot, ttl_ms)
-        else:
-            reply, acknowledged = self._run("renew", name, secret, slot, ttl_ms), 0
-        if int(reply[0]) == RELEASE_REQUESTED:
-            left = int(reply[2]) / 1000
-            raise ReleaseRequested(
-                f"An operator asked for the grant of {name!r} back: its lease ends in "
-                f"{left:.1f} s at the latest.",
-                left,
-                moment(reply[1]),
-            )
+        else:  # a check writes nothing: there is nothing for replicas to acknowledge
+            reply = self._run("renew", name, secret, slot, ttl_ms)
+            acknowledged = self.acknowledgement.replicas
         if int(reply[0]) == ENDED:
             raise LockLost(
                 f"The lease on {name!r} had ended: it expired, was released by force, or "
@@ -221,8 +216,16 @@ class RedisBackend(RedisInspection):
                 f"Redis restarted while {name!r} was held (its run id changed); the grant "
                 f"restored from disk was ended."
             )
-        if ttl_ms and (error := self.unacknowledged(f"{what} of {name!r}", acknowledged)):
-            raise error
+        if error := self.unacknowledged(f"{what} of {name!r}", acknowledged):
+            raise error  # before a request for release, which would count it as renewed
+        if int(reply[0]) == RELEASE_REQUESTED:
+            left = int(reply[2]) / 1000
+            raise ReleaseRequested(
+                f"An operator asked for the grant of {name!r} back: its lease ends in "
+                f"{left:.1f} s at the latest.",
+                left,
+                moment(reply[1]),
+            )
         return int(reply[1])
 
     def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from redis import Redis
+from redis import Redis, exceptions
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import AskError, NoScriptError
 
 from djlocks.backends.redis.protocol import ms
 
@@ -65,6 +64,18 @@ class Acknowledgement:
         return self.replicas > 0
 
 
+#: What makes a call on a cluster learn the cluster's map again and try once more: a
+#: slot that moved, a master that is gone or not yet replaced.
+MAP_CHANGED = (
+    exceptions.MovedError,
+    exceptions.ClusterDownError,
+    exceptions.TryAgainError,
+    exceptions.ConnectionError,
+    exceptions.TimeoutError,
+)
+ATTEMPTS = 3  # the map learnt again, then the script loaded on a newly promoted master
+
+
 def run_and_wait(
     client: Redis | RedisCluster,
     script: Script,
@@ -76,46 +87,56 @@ def run_and_wait(
     one connection (``WAIT`` counts the writes of the connection it is sent on);
     return the script's reply and how many replicas acknowledged.
 
-    On a cluster the pipeline goes to the master that serves ``key``'s slot; if
-    the slot has moved (``MOVED``/``ASK``), the client learns the cluster's map
-    again and the call is made once more. Raises the script's error, or a
-    ``redis`` exception when Redis cannot be reached.
+    A master that lacks the script (restarted, or newly promoted) loads it. On a
+    cluster the pipeline goes to the master that serves ``key``'s slot, bypassing
+    the cluster client's routing, so this does what the client would: when the
+    slot has moved or its master is gone (``MAP_CHANGED``), it learns the map again
+    and tries once more. A slot being migrated (``ASK``) is not followed. Raises
+    the script's or ``WAIT``'s error, or a ``redis`` exception when Redis cannot
+    be reached.
     """
-    for attempt in range(2):
+    for attempt in range(1, ATTEMPTS + 1):
         node = _node_serving(client, key)
         pipe = node.pipeline(transaction=False)
         pipe.evalsha(script.sha, 1, key, *args)
         pipe.wait(acknowledgement.replicas, ms(acknowledgement.timeout))
-        reply, acknowledged = pipe.execute(raise_on_error=False)
-        if isinstance(reply, NoScriptError):  # a restarted or new master: load it there
+        try:
+            reply, acknowledged = pipe.execute(raise_on_error=False)
+        except MAP_CHANGED:
+            if not isinstance(client, RedisCluster) or attempt == ATTEMPTS:
+                raise
+            client.nodes_manager.initialize()
+            continue
+        if isinstance(reply, exceptions.NoScriptError) and attempt < ATTEMPTS:
             node.script_load(script.script)
-        elif isinstance(reply, AskError) and isinstance(client, RedisCluster) and not attempt:
+        elif isinstance(reply, MAP_CHANGED) and isinstance(client, RedisCluster):
+            if attempt == ATTEMPTS:
+                raise reply
             client.nodes_manager.initialize()
         elif isinstance(reply, Exception):
             raise reply
+        elif isinstance(acknowledged, Exception):
+            raise acknowledged  # WAIT refused: sent to a replica, or denied by an ACL
         else:
             return reply, int(acknowledged)
-    raise reply
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _node_serving(client: Redis | RedisCluster, key: str) -> Redis:
     """The client of the one server that runs ``key``'s scripts."""
     if isinstance(client, RedisCluster):
         node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        if node is None or node.redis_connection is None:
-            client.nodes_manager.initialize()
-            node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
-        connection: Redis = node.redis_connection
-        return connection
+        return client.get_redis_connection(node)
     return client
 
 
 def replicas_short(client: Redis | RedisCluster, wanted: int) -> list[str]:
     """Each master that has fewer than ``wanted`` replicas connected, as ``"<master>
-    has N"`` (``INFO replication``'s ``connected_slaves``); on a cluster, every master."""
+    has N"`` (``INFO replication``'s ``connected_slaves``, which also counts a replica
+    still making its first copy); on a cluster, every master."""
     if isinstance(client, RedisCluster):
         seen = {
-            node.name: node.redis_connection.info("replication")
+            node.name: client.get_redis_connection(node).info("replication")
             for node in client.get_primaries()  # type: ignore[no-untyped-call]
         }
     else:

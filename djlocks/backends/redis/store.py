@@ -119,7 +119,8 @@ class RedisStore(LockBackend):
             checks.Warning(
                 f"djlocks backend {self.alias!r} waits for {self.acknowledgement.replicas} "
                 f"replica(s) to acknowledge each grant and renewal, but {', '.join(short)} "
-                f"connected: its grants cannot be acknowledged, so acquires will fail.",
+                f"connected: the names such a master serves cannot be granted (acquires raise "
+                f"BackendUnavailable) and their holders lose them.",
                 hint="Connect the replicas, or lower OPTIONS['wait_replicas'].",
                 id="djlocks.W008",
             )
