@@ -13,6 +13,7 @@ from djlocks.backends import backends
 from djlocks.heartbeat import heartbeat
 from djlocks.models import LeaseWaiter
 from tests.catalogue import Recorder, column_of, unknown_slugs
+from tests.redis_cluster import channels_at
 
 CATALOGUE = Recorder()
 #: Fixtures that start a private Redis server for the test.
@@ -111,6 +112,7 @@ def store(transactional_db: None) -> Iterator[None]:
         assert redis.waiters() == [], f"a Redis waiter was left ({redis.alias})"
     backends.reset()
     for redis in stores:
-        assert not redis.redis().pubsub_channels(f"{redis.prefix}:wake:*:{os.getpid()}:*"), (
-            f"a wake-up subscription outlived backends.reset() ({redis.alias})"
+        channels = channels_at(redis.redis(), f"{redis.prefix}:wake:*:{os.getpid()}:*")
+        assert not any(channels.values()), (
+            f"a wake-up subscription outlived backends.reset() ({redis.alias}): {channels}"
         )

@@ -15,6 +15,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from redis.cluster import RedisCluster
 
 from tests.faults import free_port, until
 
@@ -138,6 +141,17 @@ class PrivateRedisCluster:
             node.kill()
             node.wait(10)
         shutil.rmtree(self._home, ignore_errors=True)
+
+
+def channels_at(client: Any, pattern: str) -> dict[str, list[bytes]]:
+    """The channels matching ``pattern`` that each server has subscribers to: the one
+    server, or on a cluster each master (``PUBSUB CHANNELS`` counts only a node's own)."""
+    if isinstance(client, RedisCluster):
+        return {
+            master.name: client.get_redis_connection(master).pubsub_channels(pattern)
+            for master in client.get_primaries()
+        }
+    return {"server": client.pubsub_channels(pattern)}
 
 
 def _port(address: str) -> int:
