@@ -17,8 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from redis.cluster import RedisCluster
-
+from djlocks.backends.redis.nodes import servers
 from tests.faults import free_port, until
 
 MASTERS = 3
@@ -146,12 +145,7 @@ class PrivateRedisCluster:
 def channels_at(client: Any, pattern: str) -> dict[str, list[bytes]]:
     """The channels matching ``pattern`` that each server has subscribers to: the one
     server, or on a cluster each master (``PUBSUB CHANNELS`` counts only a node's own)."""
-    if isinstance(client, RedisCluster):
-        return {
-            master.name: client.get_redis_connection(master).pubsub_channels(pattern)
-            for master in client.get_primaries()
-        }
-    return {"server": client.pubsub_channels(pattern)}
+    return {where: server.pubsub_channels(pattern) for where, server in servers(client).items()}
 
 
 def _port(address: str) -> int:

@@ -125,7 +125,7 @@ def test_without_its_replica_no_grant_is_counted_and_the_holder_is_told(
     assert backends[ACKED].waiters("acked:other") == []
 
     (warning,) = backends[ACKED].check(["default"])
-    assert warning.id == "djlocks.W008" and "the master has 0" in warning.msg
+    assert warning.id == "djlocks.W008" and "the server has 0" in warning.msg
     backends[ACKED].force_release("acked:gone")
 
 

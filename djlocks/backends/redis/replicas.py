@@ -22,6 +22,7 @@ from redis import Redis, exceptions
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from djlocks.backends.redis.nodes import servers
 from djlocks.backends.redis.protocol import ms
 
 #: Seconds a grant or renewal waits for its replicas by default.
@@ -134,13 +135,7 @@ def replicas_short(client: Redis | RedisCluster, wanted: int) -> list[str]:
     """Each master that has fewer than ``wanted`` replicas connected, as ``"<master>
     has N"`` (``INFO replication``'s ``connected_slaves``, which also counts a replica
     still making its first copy); on a cluster, every master."""
-    if isinstance(client, RedisCluster):
-        seen = {
-            node.name: client.get_redis_connection(node).info("replication")
-            for node in client.get_primaries()  # type: ignore[no-untyped-call]
-        }
-    else:
-        seen = {"the master": client.info("replication")}
+    seen = {where: server.info("replication") for where, server in servers(client).items()}
     return [
         f"{where} has {info.get('connected_slaves', 0)}"
         for where, info in seen.items()

@@ -11,12 +11,14 @@ from django.core import checks
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.commands.core import Script
+from redis.connection import parse_url
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 from djlocks.backends.base import LockBackend
 from djlocks.backends.push import RedisListener
+from djlocks.backends.redis.nodes import cluster_replicas, servers
 from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_source
 from djlocks.backends.redis.replicas import Acknowledgement, replicas_short, run_and_wait
 from djlocks.backends.redis.wakeups import WakeListener
@@ -35,8 +37,9 @@ class RedisStore(LockBackend):
 
     OPTIONS: ``cache`` (a ``CACHES`` alias whose backend is django-redis,
     default ``"default"``), or ``cluster`` (the URL of any node of a Redis
-    Cluster, ``redis://host:port/0``, through redis-py's ``RedisCluster``, which
-    finds the other nodes and follows the cluster's changes); ``prefix`` (key
+    Cluster, ``redis://host:port/0``, or a list of such URLs, tried in turn, through
+    redis-py's ``RedisCluster``, which finds the other nodes and follows the
+    cluster's changes); ``prefix`` (key
     prefix, default ``DJLOCKS["KEY_PREFIX"]``); ``wait_replicas`` (how many replicas
     must have each grant and renewal, Redis ``WAIT``; default 0, do not wait) and
     ``wait_timeout`` (seconds they have to, default 0.5; see ``replicas``).
@@ -45,7 +48,7 @@ class RedisStore(LockBackend):
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
         self.cache: str = self.options.get("cache", "default")
-        self.cluster: str | None = self.options.get("cluster")
+        self.cluster = _cluster_urls(alias, self.options.get("cluster"))
         if self.cluster and "cache" in self.options:
             raise ImproperlyConfigured(
                 f"djlocks backend {alias!r}: give OPTIONS['cache'] (a django-redis cache) or "
@@ -94,17 +97,30 @@ class RedisStore(LockBackend):
             ]
 
     def _eviction_messages(self) -> list[CheckMessage]:
+        """W004 for each server (on a cluster, each node: a replica can be promoted)
+        whose ``maxmemory-policy`` evicts keys."""
+        client = self.redis()
+        replicas = (
+            cluster_replicas(client, self.cluster[0]) if isinstance(client, RedisCluster) else {}
+        )
         try:
-            policy = self.redis().config_get("maxmemory-policy").get("maxmemory-policy")
-        except ResponseError:
-            return []  # CONFIG is disabled (managed Redis): the policy cannot be read
-        if policy in (None, "noeviction"):
+            evicting = [
+                f"{where}: {policy}" if self.cluster else policy
+                for where, server in {**servers(client), **replicas}.items()
+                if (policy := _eviction_policy(server)) not in (None, "noeviction")
+            ]
+        finally:
+            for replica in replicas.values():
+                replica.close()
+        if not evicting:
             return []
         return [
             checks.Warning(
-                f"djlocks backend {self.alias!r}: Redis evicts keys (maxmemory-policy="
-                f"{policy}) when it is full, and an evicted lease is a lock granted twice.",
-                hint="Set maxmemory-policy noeviction, or give locks a Redis of their own.",
+                f"djlocks backend {self.alias!r}: Redis evicts keys (maxmemory-policy "
+                f"{', '.join(evicting)}) when it is full, and an evicted lease is a lock "
+                f"granted twice.",
+                hint="Set maxmemory-policy noeviction (on every node of a cluster), or give "
+                "locks a Redis of their own.",
                 id="djlocks.W004",
             )
         ]
@@ -119,7 +135,7 @@ class RedisStore(LockBackend):
             checks.Warning(
                 f"djlocks backend {self.alias!r} waits for {self.acknowledgement.replicas} "
                 f"replica(s) to acknowledge each grant and renewal, but {', '.join(short)} "
-                f"connected: the names such a master serves cannot be granted (acquires raise "
+                f"connected: the names it serves cannot be granted (acquires raise "
                 f"BackendUnavailable) and their holders lose them.",
                 hint="Connect the replicas, or lower OPTIONS['wait_replicas'].",
                 id="djlocks.W008",
@@ -144,15 +160,19 @@ class RedisStore(LockBackend):
         return bool(self.cluster)
 
     def _cluster_client(self) -> RedisCluster:
-        """A client of the cluster (djlocks' own: ``close_client`` closes it)."""
+        """A client of the cluster (djlocks' own: ``close_client`` closes it), which starts
+        from the first node of ``OPTIONS["cluster"]`` that answers."""
+        first, *others = self.cluster
         try:
-            return RedisCluster.from_url(str(self.cluster))
+            seeds = [_node_of(first, other) for other in others]
+            return RedisCluster(url=first, startup_nodes=seeds)
         except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
         except ValueError as exc:
             raise ImproperlyConfigured(
                 f"djlocks backend {self.alias!r}: OPTIONS['cluster'] must be the URL of a "
-                f"Redis Cluster node (redis://host:port/0), not {_shown(self.cluster)!r}: {exc}"
+                f"Redis Cluster node (redis://host:port/0), or a list of such URLs, not "
+                f"{_shown(self.cluster)}: {exc}"
             ) from exc
 
     def close_client(self) -> None:
@@ -231,6 +251,42 @@ class RedisStore(LockBackend):
         return BackendUnavailable(f"djlocks backend {self.alias!r} could not use Redis ({where}")
 
 
-def _shown(url: str | None) -> str:
-    """``url`` without its password, for messages."""
-    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url or "")
+def _eviction_policy(server: Redis) -> str | None:
+    """The server's ``maxmemory-policy``; ``None`` if ``CONFIG`` is disabled (a managed
+    Redis), where it cannot be read."""
+    try:
+        policy: str | None = server.config_get("maxmemory-policy").get("maxmemory-policy")
+        return policy
+    except ResponseError:
+        return None
+
+
+def _cluster_urls(alias: str, option: object) -> tuple[str, ...]:
+    """``OPTIONS["cluster"]`` as a tuple of node URLs (empty: not a cluster)."""
+    if option is None:
+        return ()
+    urls = (option,) if isinstance(option, str) else option
+    if not isinstance(urls, list | tuple) or not all(isinstance(u, str) and u for u in urls):
+        raise ImproperlyConfigured(
+            f"djlocks backend {alias!r}: OPTIONS['cluster'] must be a Redis Cluster node's "
+            f"URL (redis://host:port/0) or a list of them, not {type(option).__name__}."
+        )
+    return tuple(urls)
+
+
+def _node_of(first: str, url: str) -> ClusterNode:
+    """The node ``url`` names, which must differ from ``first`` only by host and port:
+    the cluster's client uses one set of credentials and options for every node."""
+    seed = parse_url(url)  # type: ignore[no-untyped-call]
+    model = parse_url(first)  # type: ignore[no-untyped-call]
+    if {k: v for k, v in seed.items() if k not in ("host", "port")} != {
+        k: v for k, v in model.items() if k not in ("host", "port")
+    }:
+        raise ValueError(f"{_shown(url)} differs from {_shown(first)} in more than host and port")
+    return ClusterNode(seed["host"], seed["port"])  # type: ignore[no-untyped-call]
+
+
+def _shown(urls: str | tuple[str, ...]) -> str:
+    """``urls`` without their passwords, for messages."""
+    text = urls if isinstance(urls, str) else ", ".join(urls)
+    return re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", text)

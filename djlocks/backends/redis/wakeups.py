@@ -36,6 +36,7 @@ from redis import Redis
 from redis.cluster import ClusterPubSub, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
+from djlocks.backends.redis.nodes import servers
 from djlocks.forksafe import ForkSafeLock
 
 wakeup_log = logging.getLogger("djlocks.acquire")
@@ -157,14 +158,10 @@ class WakeListener:
 
     def _pubsubs(self) -> list[Any]:
         """Where to subscribe: the server; on a cluster, at each master (see above)."""
-        client = self._client()
-        if isinstance(client, RedisCluster):
-            masters = client.get_primaries()  # type: ignore[no-untyped-call]
-            return [
-                client.get_redis_connection(master).pubsub()  # type: ignore[no-untyped-call]
-                for master in masters
-            ]
-        return [client.pubsub()]  # type: ignore[no-untyped-call]
+        return [
+            server.pubsub()  # type: ignore[no-untyped-call]
+            for server in servers(self._client()).values()
+        ]
 
     def _listen(self, run: _Run) -> None:
         """The listener's thread: listens at the first place ``_pubsubs`` gives, and starts
