@@ -62,12 +62,15 @@ test-mysql: setup
 	DJLOCKS_DB=mysql $(PY) -m pytest -m "not redis_store"
 
 # The fault catalogue (tests/catalogue.py): its tests (part of `make test`) on the three databases,
-# ROUNDS times in a row, then docs/reliability.md from the last round's results.
+# the SQLite leg with the Redis Cluster as in `make test-sqlite`, ROUNDS times in a row, then
+# docs/reliability.md from the last round's results.
 ROUNDS ?= 1
 reliability: setup
 	set -e; for round in $$(seq $(ROUNDS)); do \
 	  rm -rf var/catalogue; \
-	  for db in sqlite postgresql mysql; do \
+	  DJLOCKS_DB=sqlite DJLOCKS_CATALOGUE_DIR=var/catalogue \
+	    $(PY) -m tests.redis_cluster $(PY) -m pytest -q -m catalogue; \
+	  for db in postgresql mysql; do \
 	    DJLOCKS_DB=$$db DJLOCKS_CATALOGUE_DIR=var/catalogue $(PY) -m pytest -q -m catalogue; \
 	  done; \
 	done
