@@ -64,7 +64,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             continue
         messages.extend(_unknown_keys(f"DJLOCKS['BACKENDS'][{alias!r}]", spec, BACKEND_SPEC_KEYS))
         try:
-            import_string(spec["BACKEND"])
+            backend_class = import_string(spec["BACKEND"])
         except ImportError as exc:
             messages.append(
                 Error(
@@ -74,6 +74,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                     id="djlocks.E002",
                 )
             )
+            continue
+        known = getattr(backend_class, "option_names", None)
+        options = spec.get("OPTIONS", {})
+        if known is not None and isinstance(options, dict):
+            where = f"DJLOCKS['BACKENDS'][{alias!r}]['OPTIONS']"
+            messages.extend(_unknown_keys(where, options, known))
     ttl = configured["TTL"]
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0.3 <= ttl < float("inf"):
         messages.append(
@@ -137,7 +143,8 @@ def check_backends(
 
     Stores are queried only for the ``databases`` Django asks about (``migrate``,
     ``test``, ``check --database``); a plain ``check`` looks at the settings alone.
-    A backend that cannot be built is left to ``check_settings``.
+    A backend that cannot be imported is left to ``check_settings``; one whose
+    ``OPTIONS`` it refuses is E001, with its own message.
     """
     from djlocks.backends import backends
 
@@ -145,8 +152,18 @@ def check_backends(
     for alias, spec in _backend_specs():
         try:
             import_string(spec["BACKEND"])
+        except ImportError:
+            continue
+        try:
             backend = backends[alias]
-        except (ImportError, ImproperlyConfigured):
+        except ImproperlyConfigured as exc:
+            messages.append(
+                Error(
+                    str(exc),
+                    hint="Fix the backend's OPTIONS as the message says.",
+                    id="djlocks.E001",
+                )
+            )
             continue
         messages.extend(backend.check(databases))
     return messages

@@ -225,10 +225,10 @@ class Grant:
         except LockLost as exc:  # from the store, or from the scope's commit
             if lost_earlier is None:
                 raise
-            raise self._lost_before(lost_earlier, exc) from exc
+            raise self._lost_before(lost_earlier) from exc  # the store's word is the cause
         if lost_earlier is not None:
             self._wait_for_the_loss_record()
-            raise LockLost(f"The grant of {self.name!r} was lost before release: {lost_earlier}.")
+            raise self._lost_before(lost_earlier)
 
     def _wait_for_the_loss_record(self) -> None:
         """Let the history say so too before the release raises ``LockLost``; not in the
@@ -256,11 +256,11 @@ class Grant:
             held = time.monotonic() - self.granted
             metrics.grant_ended(series, held, self._lost_reason is not None)
 
-    def _lost_before(self, lost_earlier: str, exc: LockLost) -> LockLost:
-        """What release raises when the store says the grant had ended after a loss was
-        seen before the release (``lost_earlier``): that loss first, then ``exc``."""
+    def _lost_before(self, lost_earlier: str) -> LockLost:
+        """What release raises after a loss was seen before it (``lost_earlier``), whether
+        or not the store, asked again, says the grant had ended."""
         return LockLost(
-            f"The grant of {self.name!r} was lost before release: {lost_earlier}. {exc}"
+            f"The grant of {self.name!r} was lost before release: {lost_earlier.rstrip('.')}."
         )
 
     def renewed(

@@ -185,8 +185,8 @@ class Heartbeat:
         except LockLost as exc:
             grant.mark_lost(str(exc))
             return None
-        except BackendUnavailable:
-            renew_log.warning("renewal of %s failed; retrying", grant.name, exc_info=True)
+        except BackendUnavailable as exc:  # its message says what failed and why
+            renew_log.warning("renewal of %s failed; retrying: %s", grant.name, exc)
             return min(started + RETRY_AFTER_FAILURE, grant.believe_until())
         except Exception:  # a renewal thread must never die with leases to keep alive
             renew_log.exception("renewal of %s failed unexpectedly; retrying", grant.name)

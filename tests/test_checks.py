@@ -28,6 +28,7 @@ from tests.faults import PrivateMariaDB
 from tests.processes import manage
 
 LEASE = "djlocks.backends.lease.LeaseBackend"
+REDIS = "djlocks.backends.redis.RedisBackend"
 
 
 def _ids() -> set[str]:
@@ -117,6 +118,52 @@ def test_a_misspelled_setting_is_named_with_a_suggestion() -> None:
 def test_a_misspelled_backend_key_is_named_with_a_suggestion() -> None:
     [warning] = [m for m in checks.run_checks() if m.id == "djlocks.W006"]
     assert "'OPTION'" in warning.msg and warning.hint == "Did you mean 'OPTIONS'?"
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "meant"),
+    [
+        (LEASE, {"using": "default", "usign": "other"}, "using"),
+        (REDIS, {"cache": "default", "wait_replica": 1}, "wait_replicas"),
+        (REDIS, {"cache": "default", "prefx": "locks"}, "prefix"),
+    ],
+)
+def test_a_misspelled_option_is_named_with_a_suggestion(
+    backend: str, options: dict[str, object], meant: str
+) -> None:
+    (wrong,) = set(options) - {"using", "cache"}
+    with override_settings(
+        DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE}, "other": {"BACKEND": backend,
+                                                                       "OPTIONS": options}}}
+    ):  # fmt: skip
+        [warning] = [m for m in checks.run_checks() if m.id == "djlocks.W006"]
+    assert f"'OPTIONS'] has a key djlocks does not know: {wrong!r}" in warning.msg
+    assert warning.hint == f"Did you mean {meant!r}?"
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"cache": "default", "cluster": "redis://127.0.0.1:7000/0"}, "not both"),
+        ({"cluster": "redis://127.0.0.1:7000/1"}, "database 0 only"),
+        ({"cluster": []}, "non-empty list"),
+        ({"cache": "default", "wait_timeout": 0}, "wait_timeout"),
+        ({"cache": "default", "prefix": "{locks}"}, "no braces"),
+    ],
+)
+def test_options_a_backend_refuses_are_an_error_of_the_check(
+    options: dict[str, object], said: str
+) -> None:
+    with override_settings(
+        DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE}, "bad": {"BACKEND": REDIS,
+                                                                     "OPTIONS": options}}}
+    ):  # fmt: skip
+        backends.reset()
+        try:
+            [error] = [m for m in checks.run_checks() if m.id == "djlocks.E001"]
+        finally:
+            backends.reset()
+    assert "'bad'" in error.msg and said in error.msg
 
 
 @override_settings(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from django.core.checks import CheckMessage, Error
 
@@ -156,6 +156,10 @@ class LockBackend(ABC):
 
     #: What a forced release does to the holder, for the admin's confirmation page.
     forced_release_effect = "its grant is taken away"
+
+    #: The ``OPTIONS`` keys the backend reads: the system check warns of any other
+    #: (``djlocks.W006``, a misspelling). ``None``: not declared, not checked.
+    option_names: ClassVar[frozenset[str] | None] = None
 
     @property
     @abstractmethod
@@ -306,6 +310,10 @@ OTHER_DATABASE_HINT = (
     "Point the backend's OPTIONS['using'] at a database it supports, or use the lease "
     "backend, which works on SQLite, PostgreSQL and MySQL/MariaDB."
 )
+
+
+#: The ``OPTIONS`` of a backend on a database: ``using``, its ``DATABASES`` alias.
+DATABASE_OPTIONS = frozenset({"using"})
 
 
 def database_alias(options: Mapping[str, Any], model: str) -> str:

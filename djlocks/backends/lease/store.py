@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, IntegrityError, ProgrammingError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from djlocks.backends.base import LockBackend, database_alias
+from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.primary import refuse_read_only
@@ -60,6 +60,8 @@ def is_deadlock(exc: DatabaseError) -> bool:
 
 class LeaseStore(LockBackend):
     """The connections and the dialect shared by the lease backend's parts."""
+
+    option_names = DATABASE_OPTIONS
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)

@@ -53,6 +53,8 @@ class LocMemBackend(LockBackend):
         shared_between_processes=False,
     )
 
+    option_names = frozenset[str]()
+
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
         self._lock = threading.Lock()

@@ -45,6 +45,8 @@ class RedisStore(LockBackend):
     ``wait_timeout`` (seconds they have to, default 0.5; see ``replicas``).
     """
 
+    option_names = frozenset({"cache", "cluster", "prefix", "wait_replicas", "wait_timeout"})
+
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
         self.cache: str = self.options.get("cache", "default")
@@ -135,8 +137,8 @@ class RedisStore(LockBackend):
             checks.Warning(
                 f"djlocks backend {self.alias!r} waits for {self.acknowledgement.replicas} "
                 f"replica(s) to acknowledge each grant and renewal, but {', '.join(short)} "
-                f"connected: the names it serves cannot be granted (acquires raise "
-                f"BackendUnavailable) and their holders lose them.",
+                f"connected: a name on a master with too few cannot be granted (acquires "
+                f"raise BackendUnavailable), and its holder loses it.",
                 hint="Connect the replicas, or lower OPTIONS['wait_replicas'].",
                 id="djlocks.W008",
             )
@@ -241,11 +243,12 @@ class RedisStore(LockBackend):
         )
 
     def _unavailable(self, exc: Exception) -> BackendUnavailable:
+        said = f"{str(exc).rstrip('.')}."
         where = (
-            f"the Redis Cluster at {_shown(self.cluster)}): {exc} Are its nodes running and "
-            f"reachable?"
+            f"the Redis Cluster at {_shown(self.cluster)}): {said} Are its nodes running "
+            f"and reachable?"
             if self.cluster
-            else f"cache {self.cache!r}): {exc} Is redis-server running and reachable at "
+            else f"cache {self.cache!r}): {said} Is redis-server running and reachable at "
             f"the cache's LOCATION?"
         )
         return BackendUnavailable(f"djlocks backend {self.alias!r} could not use Redis ({where}")
@@ -262,15 +265,38 @@ def _eviction_policy(server: Redis) -> str | None:
 
 
 def _cluster_urls(alias: str, option: object) -> tuple[str, ...]:
-    """``OPTIONS["cluster"]`` as a tuple of node URLs (empty: not a cluster)."""
+    """``OPTIONS["cluster"]`` as a tuple of node URLs (empty: not a cluster); raises
+    ``ImproperlyConfigured`` for anything else, or a URL a cluster cannot use."""
     if option is None:
         return ()
     urls = (option,) if isinstance(option, str) else option
-    if not isinstance(urls, list | tuple) or not all(isinstance(u, str) and u for u in urls):
+    if (
+        not isinstance(urls, list | tuple)
+        or not urls
+        or not all(isinstance(url, str) and url for url in urls)
+    ):
         raise ImproperlyConfigured(
             f"djlocks backend {alias!r}: OPTIONS['cluster'] must be a Redis Cluster node's "
-            f"URL (redis://host:port/0) or a list of them, not {type(option).__name__}."
+            f"URL (redis://host:port/0) or a non-empty list of them, not {option!r}."
         )
+    for url in urls:
+        try:
+            parsed = parse_url(url)  # type: ignore[no-untyped-call]
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            problem = (
+                "a Unix socket cannot reach a cluster"
+                if "path" in parsed
+                else "a cluster has database 0 only"
+                if parsed.get("db", 0) != 0
+                else ""
+            )
+        if problem:
+            raise ImproperlyConfigured(
+                f"djlocks backend {alias!r}: OPTIONS['cluster'] has {_shown(url)}: "
+                f"{problem.rstrip('.')}. Give redis://host:port/0 (rediss:// for TLS)."
+            )
     return tuple(urls)
 
 

@@ -15,6 +15,7 @@ from django.core.checks import CheckMessage, Error
 from django.db import InterfaceError, OperationalError, connections
 
 from djlocks.backends.base import (
+    DATABASE_OPTIONS,
     OTHER_DATABASE_HINT,
     AcquireRequest,
     Capabilities,
@@ -53,6 +54,8 @@ class RowLockBackend(LockBackend):
         "server frees the row at once; the holder's commit fails and its next check or "
         "release raises LockLost"
     )
+
+    option_names = DATABASE_OPTIONS
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)

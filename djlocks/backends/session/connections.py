@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from djlocks.backends.base import LockBackend, database_alias
+from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.primary import refuse_read_only
 from djlocks.exceptions import BackendUnavailable
@@ -106,6 +106,8 @@ class SessionStore(LockBackend):
 
     #: The Django ``connection.vendor`` of the server (``"mysql"``, ``"postgresql"``).
     vendor: str
+
+    option_names = DATABASE_OPTIONS
 
     def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
         super().__init__(alias, options)
