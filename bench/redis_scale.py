@@ -102,7 +102,7 @@ def context(contender: str) -> Any:
 
 
 def finish() -> None:
-    """Nothing to close: the clients' pools go with them."""
+    """Nothing to close: each workload's clients and their pools go with it."""
 
 
 def floors() -> dict[str, float]:
@@ -111,8 +111,10 @@ def floors() -> dict[str, float]:
     cluster = RedisCluster.from_url(settings.REDIS_CLUSTER_URL)
     prefix = settings.DJLOCKS.get("KEY_PREFIX", "djlocks")
     master = cluster.get_node_from_key(redis_meta_key(prefix, NAME)).redis_connection
-    alone = statistics.median(ping_seconds(redis.Redis.from_url(f"redis://{HOSTS[0]}/0"), 500))
+    server = redis.Redis.from_url(f"redis://{HOSTS[0]}/0")
+    alone = statistics.median(ping_seconds(server, 500))
     on_cluster = statistics.median(ping_seconds(master, 500))
+    server.close()
     cluster.close()
     return {ALONE: alone, CLUSTER: on_cluster, ACKED: on_cluster}
 
@@ -153,6 +155,7 @@ def run(quick: bool) -> dict[str, Any]:
         "contended": locks,
         "semaphore": semaphores,
         "hosts": len(HOSTS),
+        "operations": OPERATIONS // (4 if quick else 1),
         "scale": scale,
     }
 

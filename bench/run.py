@@ -302,7 +302,8 @@ def render_redis_scale(run: dict[str, Any]) -> list[str]:
         "Redis at scale: 8 to 64 processes",
         f"One redis-server reached at {run['hosts']} loopback addresses, as from "
         f"{run['hosts']} hosts: process k connects through address k mod {run['hosts']}, "
-        "with a pool of its own. The contended lock, 1,600 operations in all at each size; "
+        f"with a pool of its own. The contended lock, {run.get('operations', 1600):,} "
+        "operations in all at each size; "
         "history off. `fairness`: Jain's index of the grants each process got until the "
         "first process had all of its own (1.0: all alike).",
         "| processes | contender | ops/s | hand-off p50 / p99 | barging | fairness "

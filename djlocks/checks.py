@@ -75,7 +75,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
                 )
             )
             continue
-        known = getattr(backend_class, "option_names", None)
+        known = _declared_options(backend_class)
         options = spec.get("OPTIONS", {})
         if known is not None and isinstance(options, dict):
             where = f"DJLOCKS['BACKENDS'][{alias!r}]['OPTIONS']"
@@ -156,7 +156,7 @@ def check_backends(
             continue
         try:
             backend = backends[alias]
-        except ImproperlyConfigured as exc:
+        except (ImproperlyConfigured, TypeError, ValueError) as exc:
             messages.append(
                 Error(
                     str(exc),
@@ -167,6 +167,16 @@ def check_backends(
             continue
         messages.extend(backend.check(databases))
     return messages
+
+
+def _declared_options(backend_class: Any) -> Collection[str] | None:
+    """The ``OPTIONS`` keys a backend class declares it reads (``option_names``): those
+    of djlocks' own backends, and of any class that declares them itself. A subclass
+    from elsewhere that declares none may read more than its parent: not checked."""
+    if "option_names" in vars(backend_class) or backend_class.__module__.startswith("djlocks."):
+        known: Collection[str] | None = getattr(backend_class, "option_names", None)
+        return known
+    return None
 
 
 def _backend_specs() -> list[tuple[str, dict[str, Any]]]:
@@ -185,7 +195,9 @@ def _unknown_keys(where: str, given: dict[str, Any], known: Collection[str]) -> 
                 f"{where} has a key djlocks does not know: {key!r}; it is ignored.",
                 hint=f"Did you mean {close[0]!r}?"
                 if close
-                else f"The known keys are {', '.join(sorted(known))}.",
+                else f"The known keys are {', '.join(sorted(known))}."
+                if known
+                else "It takes none.",
                 id="djlocks.W006",
             )
         )

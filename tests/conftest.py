@@ -113,6 +113,7 @@ def store(transactional_db: None) -> Iterator[None]:
     backends.reset()
     for redis in stores:
         channels = channels_at(redis.redis(), f"{redis.prefix}:wake:*:{os.getpid()}:*")
+        redis.close_client()  # the one this check made
         assert not any(channels.values()), (
             f"a wake-up subscription outlived backends.reset() ({redis.alias}): {channels}"
         )

@@ -21,6 +21,7 @@ from django.db.utils import ConnectionHandler
 from django.test import override_settings
 
 from djlocks.backends import backends, import_hint
+from djlocks.backends.redis import RedisBackend
 from djlocks.backends.sqlite_checks import lease_store_messages
 from djlocks.checks import check_backends
 from djlocks.stress import current_database_names
@@ -139,6 +140,31 @@ def test_a_misspelled_option_is_named_with_a_suggestion(
         [warning] = [m for m in checks.run_checks() if m.id == "djlocks.W006"]
     assert f"'OPTIONS'] has a key djlocks does not know: {wrong!r}" in warning.msg
     assert warning.hint == f"Did you mean {meant!r}?"
+
+
+class ReadsMore(RedisBackend):
+    """A project's subclass that reads an option of its own and declares none."""
+
+
+class DeclaresMore(RedisBackend):
+    option_names = RedisBackend.option_names | {"endpoint"}
+
+
+@pytest.mark.parametrize("subclass", [ReadsMore, DeclaresMore])
+def test_a_subclass_is_checked_only_by_what_it_declares(subclass: type[RedisBackend]) -> None:
+    path = f"{__name__}.{subclass.__name__}"
+    options = {"cache": "default", "endpoint": "x"}
+    with override_settings(
+        DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE}, "own": {"BACKEND": path,
+                                                                     "OPTIONS": options}}}
+    ):  # fmt: skip
+        assert "djlocks.W006" not in {m.id for m in checks.run_checks()}
+        with override_settings(
+            DJLOCKS={"BACKENDS": {"default": {"BACKEND": LEASE}, "own": {"BACKEND": path,
+                                          "OPTIONS": {**options, "wait_replica": 1}}}}
+        ):  # fmt: skip
+            warned = "djlocks.W006" in {m.id for m in checks.run_checks()}
+            assert warned is (subclass is DeclaresMore)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from djlocks import Lock
 from djlocks.backends import backends
-from djlocks.backends.redis import RedisBackend
+from djlocks.backends.redis import RedisBackend, wakeups
 from tests.faults import free_port, until
 from tests.redis_cluster import channels_at
 
@@ -104,7 +104,44 @@ def test_a_wrong_cluster_option_is_refused(cluster: object, wrong: str) -> None:
 
 
 def test_seeds_must_share_their_credentials() -> None:
-    seeds = ["redis://:one@127.0.0.1:7000/0", "redis://:two@127.0.0.1:7001/0"]
+    seeds = ["redis://:pw-alpha@127.0.0.1:7000/0", "redis://:pw-beta@127.0.0.1:7001/0"]
     with pytest.raises(ImproperlyConfigured, match=r"differs from .* in more than host") as told:
-        RedisBackend("bad", {"cluster": seeds}).redis()
-    assert "one" not in str(told.value) and "two" not in str(told.value), "a password was shown"
+        RedisBackend("bad", {"cluster": seeds})
+    assert "pw-" not in str(told.value), "a password was shown"
+    with pytest.raises(ImproperlyConfigured, match="non-empty list") as told:
+        RedisBackend("bad", {"cluster": ["redis://:secret@127.0.0.1:7000/0", None]})
+    assert "secret" not in str(told.value), "a password was shown"
+    # Database 0 said or not: the same options.
+    RedisBackend("good", {"cluster": ["redis://127.0.0.1:7000/0", "redis://127.0.0.1:7001"]})
+
+
+@pytest.mark.usefixtures("store")
+@pytest.mark.parametrize("backend", CLUSTER)
+def test_an_idle_listener_ends_at_every_master(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its threads, one per master, end together, also when a new wait starts as they
+    go idle; none is left listening."""
+    monkeypatch.setattr(wakeups, "IDLE_STOP", 0.2)
+    store = backends[backend]
+    for round_ in range(4):
+        holder = Lock(f"idle:{round_}", backend=backend, ttl=10).acquire_grant()
+        waiter = threading.Thread(target=_take_and_release, args=(f"idle:{round_}", backend))
+        waiter.start()
+        until(lambda: store.waiters(), "the waiter to queue")
+        assert holder is not None
+        holder.release()
+        waiter.join(10)
+        time.sleep(0.2 + 0.05 * round_)  # around the idle stop
+    until(lambda: not _listening(), "every listener thread to end", timeout=10)
+    channels = channels_at(store.redis(), f"{store.prefix}:wake:*:{os.getpid()}:*")
+    assert not any(channels.values()), channels
+
+
+def _take_and_release(name: str, backend: str) -> None:
+    with Lock(name, backend=backend, ttl=10, timeout=10):
+        pass
+
+
+def _listening() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("djlocks-redis-wakeups")]

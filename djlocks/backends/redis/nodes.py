@@ -10,6 +10,7 @@ from redis import Redis
 from redis.cluster import RedisCluster
 
 THE_SERVER = "the server"
+REPLICA_TIMEOUT = 5.0  # seconds a replica has to answer a check (unless its URL says)
 
 
 def servers(client: Redis | RedisCluster) -> dict[str, Redis]:
@@ -22,15 +23,21 @@ def servers(client: Redis | RedisCluster) -> dict[str, Redis]:
 
 
 def cluster_replicas(client: RedisCluster, url: str) -> dict[str, Redis]:
-    """A new client of each replica of the cluster, by ``host:port``, made from ``url``
-    (a node's URL: its credentials and options serve every node). The cluster's own
-    client knows only the masters; the caller closes these."""
+    """A new client of each connected replica of the cluster, by ``host:port`` (from
+    ``CLUSTER NODES``), made from ``url`` (a node's URL: its credentials and options
+    serve every node). redis-py's cluster client keeps only the masters unless it
+    reads from replicas; the caller closes these."""
     parts = urlsplit(url)
     credentials = parts.netloc.rpartition("@")[0]
-    return {
-        address: Redis.from_url(
-            parts._replace(netloc=f"{credentials}@{address}" if credentials else address).geturl()
+    replicas = {}
+    for address, node in client.cluster_nodes().items():
+        if "slave" not in str(node["flags"]).split(",") or not node.get("connected"):
+            continue
+        host, _, port = address.rpartition(":")
+        netloc = f"[{host}]:{port}" if ":" in host else address  # an IPv6 address
+        replicas[address] = Redis.from_url(  # the URL's own time-outs, if any, win
+            parts._replace(netloc=f"{credentials}@{netloc}" if credentials else netloc).geturl(),
+            socket_timeout=REPLICA_TIMEOUT,
+            socket_connect_timeout=REPLICA_TIMEOUT,
         )
-        for address, node in client.cluster_nodes().items()
-        if "slave" in str(node["flags"]).split(",") and node.get("connected")
-    }
+    return replicas

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -102,18 +103,17 @@ class RedisStore(LockBackend):
         """W004 for each server (on a cluster, each node: a replica can be promoted)
         whose ``maxmemory-policy`` evicts keys."""
         client = self.redis()
-        replicas = (
-            cluster_replicas(client, self.cluster[0]) if isinstance(client, RedisCluster) else {}
-        )
-        try:
-            evicting = [
-                f"{where}: {policy}" if self.cluster else policy
-                for where, server in {**servers(client), **replicas}.items()
-                if (policy := _eviction_policy(server)) not in (None, "noeviction")
-            ]
-        finally:
-            for replica in replicas.values():
+        policies = {where: _eviction_policy(server) for where, server in servers(client).items()}
+        if isinstance(client, RedisCluster):
+            for where, replica in cluster_replicas(client, self.cluster[0]).items():
+                with contextlib.suppress(*STORE_ERRORS):  # unreachable: its policy is unknown
+                    policies[where] = _eviction_policy(replica)
                 replica.close()
+        evicting = [
+            f"{where}: {policy}" if self.cluster else str(policy)
+            for where, policy in policies.items()
+            if policy not in (None, "noeviction")
+        ]
         if not evicting:
             return []
         return [
@@ -164,18 +164,11 @@ class RedisStore(LockBackend):
     def _cluster_client(self) -> RedisCluster:
         """A client of the cluster (djlocks' own: ``close_client`` closes it), which starts
         from the first node of ``OPTIONS["cluster"]`` that answers."""
-        first, *others = self.cluster
-        try:
-            seeds = [_node_of(first, other) for other in others]
-            return RedisCluster(url=first, startup_nodes=seeds)
+        seeds = [_node_of(url) for url in self.cluster]
+        try:  # the URL gives every node's options; the seeds are tried in their order
+            return RedisCluster(url=self.cluster[0], startup_nodes=seeds)
         except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
-        except ValueError as exc:
-            raise ImproperlyConfigured(
-                f"djlocks backend {self.alias!r}: OPTIONS['cluster'] must be the URL of a "
-                f"Redis Cluster node (redis://host:port/0), or a list of such URLs, not "
-                f"{_shown(self.cluster)}: {exc}"
-            ) from exc
 
     def close_client(self) -> None:
         """Close a cluster's client, which djlocks made (a cache's client is django-redis's,
@@ -266,7 +259,9 @@ def _eviction_policy(server: Redis) -> str | None:
 
 def _cluster_urls(alias: str, option: object) -> tuple[str, ...]:
     """``OPTIONS["cluster"]`` as a tuple of node URLs (empty: not a cluster); raises
-    ``ImproperlyConfigured`` for anything else, or a URL a cluster cannot use."""
+    ``ImproperlyConfigured`` for anything else, a URL a cluster cannot use, or URLs
+    that differ in more than host and port (the cluster's client uses one set of
+    credentials and options for every node)."""
     if option is None:
         return ()
     urls = (option,) if isinstance(option, str) else option
@@ -275,41 +270,53 @@ def _cluster_urls(alias: str, option: object) -> tuple[str, ...]:
         or not urls
         or not all(isinstance(url, str) and url for url in urls)
     ):
+        shown = (
+            [_shown(url) if isinstance(url, str) else url for url in urls]
+            if isinstance(urls, list | tuple)
+            else type(option).__name__
+        )
         raise ImproperlyConfigured(
             f"djlocks backend {alias!r}: OPTIONS['cluster'] must be a Redis Cluster node's "
-            f"URL (redis://host:port/0) or a non-empty list of them, not {option!r}."
+            f"URL (redis://host:port/0) or a non-empty list of them, not {shown!r}."
         )
-    for url in urls:
-        try:
-            parsed = parse_url(url)  # type: ignore[no-untyped-call]
-        except ValueError as exc:
-            problem = str(exc)
-        else:
-            problem = (
-                "a Unix socket cannot reach a cluster"
-                if "path" in parsed
-                else "a cluster has database 0 only"
-                if parsed.get("db", 0) != 0
-                else ""
-            )
-        if problem:
+    options = [_cluster_options(alias, url) for url in urls]
+    for url, other in zip(urls[1:], options[1:], strict=True):
+        if other != options[0]:
             raise ImproperlyConfigured(
-                f"djlocks backend {alias!r}: OPTIONS['cluster'] has {_shown(url)}: "
-                f"{problem.rstrip('.')}. Give redis://host:port/0 (rediss:// for TLS)."
+                f"djlocks backend {alias!r}: OPTIONS['cluster'] has {_shown(url)}, which "
+                f"differs from {_shown(urls[0])} in more than host and port: the cluster's "
+                f"client uses one set of credentials and options for every node."
             )
     return tuple(urls)
 
 
-def _node_of(first: str, url: str) -> ClusterNode:
-    """The node ``url`` names, which must differ from ``first`` only by host and port:
-    the cluster's client uses one set of credentials and options for every node."""
-    seed = parse_url(url)  # type: ignore[no-untyped-call]
-    model = parse_url(first)  # type: ignore[no-untyped-call]
-    if {k: v for k, v in seed.items() if k not in ("host", "port")} != {
-        k: v for k, v in model.items() if k not in ("host", "port")
-    }:
-        raise ValueError(f"{_shown(url)} differs from {_shown(first)} in more than host and port")
-    return ClusterNode(seed["host"], seed["port"])  # type: ignore[no-untyped-call]
+def _cluster_options(alias: str, url: str) -> dict[str, Any]:
+    """What ``url`` says besides its host and port (database 0 when it says none);
+    raises ``ImproperlyConfigured`` for a URL a cluster cannot use."""
+    try:
+        parsed = parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        problem = (
+            "a Unix socket cannot reach a cluster"
+            if "path" in parsed
+            else "a cluster has database 0 only"
+            if parsed.get("db", 0) != 0
+            else ""
+        )
+    if problem:
+        raise ImproperlyConfigured(
+            f"djlocks backend {alias!r}: OPTIONS['cluster'] has {_shown(url)}: "
+            f"{problem.rstrip('.')}. Give redis://host:port/0 (rediss:// for TLS)."
+        )
+    return {"db": 0, **{k: v for k, v in parsed.items() if k not in ("host", "port")}}
+
+
+def _node_of(url: str) -> ClusterNode:
+    """The cluster node ``url`` names (a URL ``_cluster_urls`` accepted)."""
+    parsed = parse_url(url)  # type: ignore[no-untyped-call]
+    return ClusterNode(parsed["host"], parsed.get("port", 6379))  # type: ignore[no-untyped-call]
 
 
 def _shown(urls: str | tuple[str, ...]) -> str:

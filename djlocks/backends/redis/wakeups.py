@@ -17,7 +17,9 @@ message can wait tens of milliseconds (measured: up to 40 ms, against under
 1 ms on the same node). So the listener subscribes at every master it knows
 when it starts, one thread each, and a waiter hears the first copy to arrive
 (the bus's later copies find no waiter and are dropped). Masters promoted
-later are heard through the bus.
+later are heard through the bus, as are all of them while a master's own
+subscription reconnects. A copy that arrives after its waiter went on finds
+no waiter, or a waiter that ignores it (``RedisBackend._confirmed``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from redis import Redis
-from redis.cluster import ClusterPubSub, RedisCluster
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from djlocks.backends.redis.nodes import servers
@@ -57,14 +59,20 @@ class Wake:
 
 
 class _Run:
-    """One run of the listener: its stop flag, whether a subscription is live, its thread
-    and, on a cluster, the threads listening at the other masters."""
+    """One run of the listener: its stop flag (set once, for every thread of the run),
+    whether its first subscription is live, its thread and, on a cluster, the threads
+    listening at the other masters."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.subscribed = threading.Event()
         self.thread: threading.Thread | None = None
         self.at_other_masters: list[threading.Thread] = []
+
+    def end(self) -> list[threading.Thread]:
+        """Tell every thread of the run to end; return them, to join."""
+        self.stop.set()
+        return [thread for thread in (self.thread, *self.at_other_masters) if thread]
 
 
 class WakeListener:
@@ -114,7 +122,9 @@ class WakeListener:
         if self._pid != os.getpid():
             self._reset_for_this_process()
         run = self._run
-        if run is None or run.thread is None or not run.thread.is_alive():
+        if run is None or run.stop.is_set() or run.thread is None or not run.thread.is_alive():
+            if run is not None:
+                run.end()  # its first thread died: the others end too
             run = self._run = _Run()
             run.thread = threading.Thread(
                 target=self._listen, args=(run,), name="djlocks-redis-wakeups", daemon=True
@@ -126,14 +136,17 @@ class WakeListener:
         """Unsubscribe and end the listener thread (``backends.reset()``)."""
         with self._guard:
             run, self._run = self._run, None
-        if run is not None and run.thread is not None:
-            run.stop.set()
-            for thread in [run.thread, *run.at_other_masters]:
+        if run is not None:
+            for thread in run.end():
                 thread.join(LISTEN_SLICE * 4)
 
     def _idle_too_long(self, run: _Run, idle_since: float | None) -> tuple[bool, float | None]:
-        """Whether ``run`` should end for lack of waiters; the idle start, updated."""
+        """Whether ``run`` should end: it was replaced or closed, or has had no waiter for
+        ``IDLE_STOP`` seconds (then it ends for every thread); the idle start, updated."""
         with self._guard:
+            if self._run is not run:
+                run.stop.set()
+                return True, idle_since
             if self._waiting:
                 return False, None
             now = time.monotonic()
@@ -141,44 +154,47 @@ class WakeListener:
                 return False, now
             if now - idle_since < IDLE_STOP:
                 return False, idle_since
-            if self._run is run:
-                self._run = None
+            self._run = None
+            run.stop.set()
             return True, idle_since
 
-    def _resubscriber(self, pubsub: Any) -> Any:
-        """After ``pubsub`` failed: the pub/sub to try next. A server's is reset and
-        reconnects to it; a cluster's stays bound to its node (which may have failed
-        over), so a new one is made, on a node the cluster's client picks now."""
-        if isinstance(pubsub, ClusterPubSub) or isinstance(self._client(), RedisCluster):
-            with contextlib.suppress(RedisError, RedisClusterException):
-                pubsub.close()
-            return self._client().pubsub()  # type: ignore[no-untyped-call]
-        pubsub.reset()
-        return pubsub
-
-    def _pubsubs(self) -> list[Any]:
-        """Where to subscribe: the server; on a cluster, at each master (see above)."""
-        return [
-            server.pubsub()  # type: ignore[no-untyped-call]
-            for server in servers(self._client()).values()
-        ]
+    def _resubscriber(self, where: str, pubsub: Any) -> Any:
+        """After ``pubsub``, listening at ``where``, failed: the pub/sub to try next. A
+        server's is reset and reconnects to it. On a cluster, a new one at that master
+        if it still is one, else (it failed over) on a node the cluster's client picks
+        now; the same one again if the cluster cannot be asked."""
+        try:
+            client = self._client()
+            if not isinstance(client, RedisCluster):
+                pubsub.reset()
+                return pubsub
+            master = servers(client).get(where)
+            fresh = (master or client).pubsub()  # type: ignore[no-untyped-call]
+        except (RedisError, RedisClusterException):
+            return pubsub
+        with contextlib.suppress(RedisError, RedisClusterException):
+            pubsub.close()
+        return fresh
 
     def _listen(self, run: _Run) -> None:
-        """The listener's thread: listens at the first place ``_pubsubs`` gives, and starts
-        a thread for each other."""
-        first, *others = self._pubsubs()
-        for pubsub in others:
+        """The listener's thread: listens at the first server ``servers`` gives (on a
+        cluster, a master), and starts a thread for each other."""
+        first, *others = servers(self._client()).items()
+        for where, server in others:
             thread = threading.Thread(
                 target=self._listen_on,
-                args=(run, pubsub),
-                name="djlocks-redis-wakeups",
+                args=(run, where, server.pubsub()),  # type: ignore[no-untyped-call]
+                name=f"djlocks-redis-wakeups {where}",
                 daemon=True,
             )
             run.at_other_masters.append(thread)
             thread.start()
-        self._listen_on(run, first)
+        where, server = first
+        self._listen_on(run, where, server.pubsub(), first=True)  # type: ignore[no-untyped-call]
 
-    def _listen_on(self, run: _Run, pubsub: Any) -> None:
+    def _listen_on(self, run: _Run, where: str, pubsub: Any, first: bool = False) -> None:
+        """Listen at ``where`` until ``run`` ends; the ``first`` thread's subscription is
+        the one new waiters wait for (``SUBSCRIBE_WAIT``)."""
         idle_since: float | None = None
         try:
             while not run.stop.is_set():
@@ -190,17 +206,21 @@ class WakeListener:
                         pubsub.subscribe(self.channel)
                     message = pubsub.get_message(timeout=LISTEN_SLICE)
                 except (RedisError, RedisClusterException) as exc:
-                    run.subscribed.clear()
+                    if first:
+                        run.subscribed.clear()
+                    if run.stop.is_set():
+                        return
                     wakeup_log.warning(
-                        "wake-up subscription lost (%s); waiters poll meanwhile", exc
+                        "wake-up subscription at %s lost (%s); waiters poll meanwhile", where, exc
                     )
-                    pubsub = self._resubscriber(pubsub)
+                    pubsub = self._resubscriber(where, pubsub)
                     run.stop.wait(RECONNECT_PAUSE)
                     continue
                 if message is None:
                     continue
                 if message["type"] == "subscribe":
-                    run.subscribed.set()
+                    if first:
+                        run.subscribed.set()
                 elif message["type"] == "message":
                     waiter_id, _, payload = message["data"].decode().partition("\n")
                     with self._guard:
@@ -209,6 +229,7 @@ class WakeListener:
                         wake.message = payload
                         wake.event.set()
         finally:
-            run.subscribed.clear()
-            with contextlib.suppress(RedisError):
+            if first:
+                run.subscribed.clear()
+            with contextlib.suppress(RedisError, RedisClusterException):
                 pubsub.close()
