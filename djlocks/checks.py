@@ -31,6 +31,8 @@ from djlocks.backends import import_hint
 from djlocks.conf import BACKGROUND, DEFAULTS, SYNCHRONOUS, djlocks_settings
 
 BACKEND_SPEC_KEYS = ("BACKEND", "OPTIONS")
+#: What a backend's constructor raises for ``OPTIONS`` it cannot use.
+BUILD_ERRORS = (ImproperlyConfigured, TypeError, ValueError)
 
 
 @register()
@@ -38,7 +40,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     """E001 BACKENDS malformed; E002 BACKEND path not importable; E003 TTL invalid;
     E010 EVENTS_WRITER unknown; E011 MAX_HOLD invalid; E012 METRICS_GROUP not a
     function; E013 SWEEP_IDLE_NAMES invalid; W006 a key djlocks does not know (a
-    misspelling is otherwise silently ignored)."""
+    misspelling is otherwise silently ignored), also in a backend's ``OPTIONS``; E001
+    also for ``OPTIONS`` a backend refuses."""
     configured = djlocks_settings()
     messages = _unknown_keys("DJLOCKS", configured, DEFAULTS)
     aliases = configured["BACKENDS"]
@@ -80,6 +83,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         if known is not None and isinstance(options, dict):
             where = f"DJLOCKS['BACKENDS'][{alias!r}]['OPTIONS']"
             messages.extend(_unknown_keys(where, options, known))
+        messages.extend(_refused_options(alias))
     ttl = configured["TTL"]
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0.3 <= ttl < float("inf"):
         messages.append(
@@ -143,8 +147,7 @@ def check_backends(
 
     Stores are queried only for the ``databases`` Django asks about (``migrate``,
     ``test``, ``check --database``); a plain ``check`` looks at the settings alone.
-    A backend that cannot be imported is left to ``check_settings``; one whose
-    ``OPTIONS`` it refuses is E001, with its own message.
+    A backend that cannot be imported or built is left to ``check_settings``.
     """
     from djlocks.backends import backends
 
@@ -152,21 +155,25 @@ def check_backends(
     for alias, spec in _backend_specs():
         try:
             import_string(spec["BACKEND"])
-        except ImportError:
-            continue
-        try:
             backend = backends[alias]
-        except (ImproperlyConfigured, TypeError, ValueError) as exc:
-            messages.append(
-                Error(
-                    str(exc),
-                    hint="Fix the backend's OPTIONS as the message says.",
-                    id="djlocks.E001",
-                )
-            )
+        except (ImportError, *BUILD_ERRORS):
             continue
         messages.extend(backend.check(databases))
     return messages
+
+
+def _refused_options(alias: str) -> list[CheckMessage]:
+    """E001 if the backend ``alias`` refuses its ``OPTIONS`` (its constructor raises),
+    with the backend's own message; built here, in the checks every ``check`` runs,
+    not only in those of databases."""
+    from djlocks.backends import backends
+
+    try:
+        backends[alias]
+    except BUILD_ERRORS as exc:
+        hint = "Fix the backend's OPTIONS as the message says."
+        return [Error(str(exc), hint=hint, id="djlocks.E001")]
+    return []
 
 
 def _declared_options(backend_class: Any) -> Collection[str] | None:
