@@ -6,7 +6,8 @@ newcomer cannot barge in. The row expires unless its waiter refreshes it
 (``WAITER_TTL``), so a killed waiter holds nobody back for long. Only the
 waiters that a free slot could serve poll, with back-off; the others poll
 more slowly the further back they are. On PostgreSQL a release ``NOTIFY``s
-the waiters (``LISTEN``); on MySQL a waiter sleeps in the server and the
+only the waiters it concerns, each on the channel of its listening session
+(``LISTEN``ed once, as the session opens); on MySQL a waiter sleeps in the server and the
 release that hands it a slot ends the sleep (``KILL QUERY``); on SQLite a
 release sends the first waiters a datagram on their host (``lease.wakeups``).
 Polling is only the fallback for a lost wake-up there.
@@ -34,7 +35,7 @@ from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
 from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
-from djlocks.backends.sql import as_datetime, postgresql, sqlite
+from djlocks.backends.sql import as_datetime, sqlite
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -70,12 +71,14 @@ class LeaseQueue(LeaseClaims):
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
         )
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
-        listening, woken_here = False, None
+        # PostgreSQL: the waiter's listening session, named in its queue row, hears the
+        # release that hands it a slot (``LeaseStore._listen``).
+        listening = sleeper is not None and self.dialect.listening is not None
+        woken_here = None
         refresh_at = time.monotonic() + waiter_ttl / 3
         head_poll = POLL_MIN
         handed = claimed = at_the_front = False
         try:
-            listening = self._listen()
             wakeups = self.host_wakeups
             woken_here = None if wakeups is None else wakeups.open(ticket)
             # A release wakes this waiter:
@@ -111,12 +114,9 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                wakes = (key, f"{key} {ticket}")
-                if self._pause(pause, wakes, abort, listening, heir_token, woken_here):
+                if self._pause(pause, ticket, abort, listening, heir_token, woken_here):
                     return None
         finally:
-            if listening:
-                self._unlisten()
             if woken_here is not None:
                 woken_here.close()
             if not handed and not self._leave_queue(ticket):
@@ -213,44 +213,18 @@ class LeaseQueue(LeaseClaims):
                 self._abandoned = [*self._abandoned, *tickets][-ABANDONED_KEPT:]
             return None
 
-    def _listen(self) -> bool:
-        """Start hearing releases (PostgreSQL); False where the store cannot notify."""
-        if self.dialect.notifying is None:
-            return False
-        try:
-            self._on_listener(postgresql.listen(postgresql.LEASE_RELEASED))
-        except DatabaseError:
-            acquire_log.warning("LISTEN failed; falling back to polling", exc_info=True)
-            self._listeners.discard()
-            return False
-        return True
-
-    def _unlisten(self) -> None:
-        """Stop hearing releases, so an idle connection never holds back the notify queue."""
-        try:
-            self._on_listener(postgresql.unlisten(postgresql.LEASE_RELEASED))
-        except DatabaseError:
-            self._listeners.discard()
-
-    def _on_listener(self, statement: str) -> None:
-        """Run ``statement`` on this thread's listening connection; the driver's errors
-        (a server gone, too) arrive as Django's ``DatabaseError``."""
-        listener = self._listeners.get()
-        with listener.wrap_database_errors, closing(listener.create_cursor()) as cursor:
-            cursor.execute(statement, ())
-
     def _pause(
         self,
         seconds: float,
-        wakes: tuple[str, ...],
+        ticket: int,
         abort: Abort | None,
         listening: bool,
         heir_token: str,
         woken_here: socket.socket | None,
     ) -> bool:
-        """Sleep up to ``seconds``, less if a release is notified with one of the
-        payloads ``wakes`` (a slot of the name freed, or handed to this waiter), or
-        hands this waiter a slot with ``heir_token`` where that wakes it
+        """Sleep up to ``seconds``, less if a release notifies this waiter's ``ticket``
+        on its listening session (a slot of the name freed, or handed to this waiter),
+        or hands this waiter a slot with ``heir_token`` where that wakes it
         (``LeaseDialect.waking``), or sends a wake-up to ``woken_here``
         (``lease.wakeups``); True if aborted."""
         if self.dialect.waking is not None:
@@ -270,7 +244,7 @@ class LeaseQueue(LeaseClaims):
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
                     # A notification is only a hint: the caller re-checks the store.
                     heard = list(connection.notifies(timeout=min(left, 0.05), stop_after=1))
-                    if any(note.payload in wakes for note in heard):
+                    if any(note.payload == str(ticket) for note in heard):  # not a past wait's
                         break
             except Exception:
                 acquire_log.warning("listening for releases failed", exc_info=True)
@@ -307,8 +281,9 @@ class LeaseQueue(LeaseClaims):
         return abort is not None and abort.is_set()
 
     def _sleeper(self) -> int | None:
-        """The server session this thread's waits sleep on (``_sleep_in_the_server``),
-        where a hand-over wakes them; ``None`` elsewhere, or if it cannot be opened."""
+        """The server session this thread's waits sleep on (``_sleep_in_the_server``)
+        or listen on (``LeaseStore._listen``), where a release wakes them; ``None``
+        elsewhere, or if it cannot be opened."""
         session_id = self.dialect.session_id
         if session_id is None:
             return None

@@ -67,7 +67,7 @@ class LeaseStore(LockBackend):
         super().__init__(alias, options)
         self.using = database_alias(self.options, "LeaseSlot")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
-        self._listeners = DedicatedConnections(self.using)
+        self._listeners = DedicatedConnections(self.using, on_connect=self._listen)
         # (name_key, limit) -> when (monotonic) its rows were last confirmed to exist
         # with that limit
         self._shaped: dict[tuple[str, int], float] = {}
@@ -91,6 +91,16 @@ class LeaseStore(LockBackend):
                 cursor.execute(statement)
         if self.dialect.opened is not None:
             self.dialect.opened(wrapper)
+
+    def _listen(self, wrapper: BaseDatabaseWrapper) -> None:
+        """Have a waiter's listening session hear, from now on, the releases that concern
+        its waits (``LeaseDialect.listening``): it listens for as long as it is open,
+        so a wait costs no ``LISTEN`` of its own."""
+        listening, session_id = self.dialect.listening, self.dialect.session_id
+        if listening is None or session_id is None:
+            return
+        with wrapper.cursor() as cursor:
+            cursor.execute(listening(session_id(wrapper.connection)))
 
     @property
     def dialect(self) -> LeaseDialect:
@@ -196,7 +206,7 @@ class LeaseStore(LockBackend):
         """``update``, which also wakes the ``waiters`` and tells the ``holders`` in the
         same round trip where the database can (``LeaseDialect.notifying``)."""
         notifying = self.dialect.notifying
-        return update if notifying is None else notifying(update, waiters, holders)
+        return update if notifying is None else notifying(update, WAITERS, waiters, holders)
 
     def _db_now(self) -> datetime:
         """The database's current time (UTC), for introspection queries."""

@@ -37,8 +37,14 @@ class LeaseDialect:
     #: Seconds as ``plus_seconds``'s parameter.
     seconds_param: Callable[[float], object]
     #: Makes an ``UPDATE`` of grants also wake the waiters and tell the holders in the
-    #: same round trip (PostgreSQL ``NOTIFY``); ``None`` where the store cannot notify.
-    notifying: Callable[[str, bool, bool], str] | None = None
+    #: same round trip (PostgreSQL ``NOTIFY``): ``(update, waiters table, wake the
+    #: waiters, tell the holders) -> SQL``; ``None`` where the store cannot notify.
+    notifying: Callable[[str, str, bool, bool], str] | None = None
+    #: SQL that a waiter's listening session runs once, as it opens, to hear the
+    #: releases that concern its waits: ``(its server session's id) -> SQL``
+    #: (PostgreSQL ``LISTEN`` on a channel of its own); ``None`` where waiters do not
+    #: listen.
+    listening: Callable[[int], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
     #: Makes an ``UPDATE`` that frees slots (``(update, slots, waiters) -> SQL``) also
@@ -71,8 +77,8 @@ class LeaseDialect:
     #: Ends the sleep of the waiter on a server session: ``(cursor, session)``.
     wake: Callable[[Any, int], None] | None = None
     #: The server's id of the session of a driver connection, with no round trip: the
-    #: session a waiter sleeps on (``waking``), which its queue row names, and the
-    #: waiter's lease session.
+    #: session a waiter sleeps on (``waking``) or listens on (``listening``), which its
+    #: queue row names, and the waiter's lease session.
     session_id: Callable[[Any], int] | None = None
     #: SQL for the seconds from the store's now until ``{}`` (a moment).
     seconds_until: str = "{}"

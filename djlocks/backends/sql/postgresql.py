@@ -22,24 +22,56 @@ FIRST_FENCE = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
 
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
-#: NOTIFY channel of freed slots; the payload is the name's ``name_key``.
-LEASE_RELEASED = "djlocks_lease"
+#: A lease waiter hears of releases on a channel of its own: this prefix and the
+#: backend pid of its listening session (``waiter_channel``), which its queue row
+#: names (``connection_id``); the payload is its ticket. Only the waiters a release
+#: concerns are woken: the heir of a hand-over, else the name's first ``slot_limit``.
+WAITER_CHANNEL = "djlocks_lease_"
 #: NOTIFY channel of forced releases and graceful releases' requests, which the holders
 #: listen on; the payload is "<name_key> <fence>".
 LEASE_REVOKED = "djlocks_revoked"
 
 
-def lease_notifying(update: str, waiters: bool, holders: bool) -> str:
-    """Make an ``UPDATE`` of lease rows also tell, in the same round trip, the
-    ``waiters`` (``LEASE_RELEASED``) when it freed slots and the ``holders``
-    (``LEASE_REVOKED``) when it took grants away or asked them back.
+def waiter_channel(session: int) -> str:
+    """The channel the lease waiters listening on the server session ``session``
+    (its backend pid) hear on."""
+    return f"{WAITER_CHANNEL}{session}"
+
+
+def session_id(connection: Any) -> int:
+    """The backend pid of a psycopg ``connection``'s server session, known to the driver
+    since it connected (no round trip)."""
+    return int(connection.info.backend_pid)
+
+
+def waking_first_waiters(waiters: str, name_key: str, limit: str) -> str:
+    """SQL (a count) that notifies the first ``limit`` live waiters of the name
+    ``name_key``, each on its own channel with its ticket; a waiter queued by an
+    older djlocks, with no listening session named, polls instead. ``name_key`` and
+    ``limit`` are SQL naming the outer query's columns (qualified: the waiters' table
+    has columns of those names)."""
+    return (
+        f"(SELECT count(pg_notify('{WAITER_CHANNEL}' || w.connection_id, w.id::text)) "
+        f"FROM (SELECT id, connection_id FROM {waiters} WHERE name_key = {name_key} "
+        f"AND expires_at > statement_timestamp() ORDER BY id LIMIT {limit}) w "
+        f"WHERE w.connection_id IS NOT NULL)"
+    )
+
+
+def lease_notifying(update: str, waiters: str, wake: bool, holders: bool) -> str:
+    """Make an ``UPDATE`` of lease rows also, in the same round trip, ``wake`` the first
+    waiters of each name whose slot it changed (``waking_first_waiters``; ``waiters``
+    is their table) and tell the ``holders`` (``LEASE_REVOKED``) when it took grants
+    away or asked them back.
 
     The statement still reports one row per grant it changed.
     """
-    notices = [f"pg_notify('{LEASE_RELEASED}', name_key)"] if waiters else []
+    notices = (
+        [waking_first_waiters(waiters, "changed.name_key", "changed.slot_limit")] if wake else []
+    )
     notices += [f"pg_notify('{LEASE_REVOKED}', name_key || ' ' || fence)"] if holders else []
     return (
-        f"WITH changed AS ({update} RETURNING name_key, fence) "
+        f"WITH changed AS ({update} RETURNING name_key, fence, slot_limit) "
         f"SELECT {', '.join(notices)} FROM changed"
     )
 
@@ -58,8 +90,8 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     identity become the slot's. A head queued without a token (an older djlocks) or
     with another limit is handed nothing: it claims the freed slot, or is told of
     the mismatch, as before.
-    The notice's payload is the name's key and the heir's ticket (``"<key> <ticket>"``),
-    so that only the heir wakes; the key alone when nobody was handed the slot.
+    The heir is notified on its own channel (``waiter_channel``), so only its
+    process wakes; when nobody was handed the slot, the name's first waiters are.
     Returns one row per released slot: whether it was handed over.
     """
     now = "statement_timestamp()"
@@ -74,7 +106,7 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"AND slot_limit = (SELECT slot_limit FROM freed) AND EXISTS (SELECT 1 FROM mine) "
         f"AND id = (SELECT w.id FROM {waiters} w JOIN freed USING (name_key) "
         f"WHERE w.expires_at > {now} ORDER BY w.id LIMIT 1) "
-        f"RETURNING id, token, ttl, host, pid, thread, label), "
+        f"RETURNING id, token, ttl, host, pid, thread, label, connection_id), "
         f"changed AS (UPDATE {slots} s SET token = heir.token, "
         f"fence = CASE WHEN heir.token IS NULL THEN s.fence ELSE top.fence + 1 END, "
         f"acquired_at = CASE WHEN heir.token IS NULL THEN s.acquired_at ELSE {now} END, "
@@ -84,9 +116,12 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
         f"FROM top LEFT JOIN heir ON true "
         f"WHERE s.token = %(token)s AND s.expires_at > {now} "
-        f"RETURNING s.name_key, heir.id) "
-        f"SELECT pg_notify('{LEASE_RELEASED}', name_key || COALESCE(' ' || id, '')), "
-        f"id IS NOT NULL FROM changed"
+        f"RETURNING s.name_key, s.slot_limit, heir.id, heir.connection_id) "
+        f"SELECT CASE WHEN changed.id IS NULL "
+        f"THEN {waking_first_waiters(waiters, 'changed.name_key', 'changed.slot_limit')} "
+        f"WHEN changed.connection_id IS NULL THEN 0 "
+        f"ELSE (SELECT count(*) FROM pg_notify('{WAITER_CHANNEL}' || changed.connection_id, "
+        f"changed.id::text)) END, changed.id IS NOT NULL FROM changed"
     )
 
 
@@ -139,20 +174,11 @@ LEASE = LeaseDialect(
     notifying=lease_notifying,
     claim_free_slot=lease_claiming_free_slot,
     hand_over=lease_hand_over,
+    session_id=session_id,
+    listening=lambda session: f"LISTEN {waiter_channel(session)}",
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
 )
-
-
-def listen(channel: str) -> str:
-    """Start receiving ``channel``'s notifications on this connection."""
-    return f"LISTEN {channel}"
-
-
-def unlisten(channel: str) -> str:
-    """Stop receiving ``channel``'s notifications, so an idle connection never holds
-    back the server's notification queue."""
-    return f"UNLISTEN {channel}"
 
 
 # -- Fences and holders of server-held locks (djlocks.backends.server_records) ------
