@@ -231,7 +231,7 @@ def test_a_cut_notification_path_costs_at_most_a_poll(
         assert time.monotonic() < deadline, "the waiter never queued"
         time.sleep(0.02)
     while connection.vendor != "sqlite" and not _end_the_wake_up_session():
-        # the waiter queues first, then listens or sleeps
+        # the waiter's session may not have started its wait yet
         assert time.monotonic() < deadline, "no wake-up session to end"
     time.sleep(0.2)  # the waiter finds its session gone and falls back to polling
     released = time.monotonic()
@@ -249,7 +249,8 @@ def _end_the_wake_up_session() -> int:
         if connection.vendor == "postgresql":
             cursor.execute(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE query LIKE 'LISTEN djlocks_lease%%' AND pid <> pg_backend_pid()"
+                "WHERE query LIKE 'LISTEN djlocks_lease%%' AND pid <> pg_backend_pid() "
+                "AND datname = current_database()"
             )
             return int(cursor.fetchone()[0])
         cursor.execute(

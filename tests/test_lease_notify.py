@@ -3,6 +3,8 @@ the waiters it concerns, not every process that waits for any name."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,14 +16,14 @@ from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.lease.store import WAITERS
 from djlocks.backends.sql.postgresql import waiter_channel
 from djlocks.keys import table_key
-from tests.test_lease_wakeups import Waiters
+from tests.test_lease_wakeups import NEVER, Waiters, polls_never  # noqa: F401 (a fixture)
 
 pytestmark = [
     pytest.mark.skipif(
         connection.vendor != "postgresql",
         reason="not applicable: only PostgreSQL notifies lease waiters (the postgresql run)",
     ),
-    pytest.mark.usefixtures("store"),
+    pytest.mark.usefixtures("store", "polls_never"),
     pytest.mark.timeout(120),
 ]
 
@@ -64,7 +66,8 @@ def test_a_release_notifies_only_the_first_waiter(
 ) -> None:
     """Two waiters queue behind a holder, on two listening sessions. The release (a
     hand-over) and a forced release (which frees the slot for the head of the queue)
-    each notify the first waiter alone, with its ticket; it then holds the lock."""
+    each notify the first waiter alone, with its ticket; it then holds the lock (its
+    polls are 30 s apart: it heard the notice)."""
     name = f"l:notify:{release}"
     holder = Lock(name, ttl=30)
     holder.acquire()
@@ -84,3 +87,96 @@ def test_a_release_notifies_only_the_first_waiter(
         if release != "released":
             with pytest.raises(LockLost):
                 holder.release()
+
+
+def test_a_listening_session_ended_while_idle_is_replaced_before_the_next_wait() -> None:
+    """A thread's listening session outlives its wait; if the server ends it while it is
+    idle (an idle time-out, a restart), the thread's next wait queues with a new one,
+    and hears the release (its polls are 30 s apart)."""
+    name = "l:notify:idle"
+    holder = Lock(name, ttl=30)
+    holder.acquire()
+    first_done, go_again = threading.Event(), threading.Event()
+    granted_at: list[float] = []
+
+    def wait_twice() -> None:
+        lock = Lock(name, ttl=30, timeout=NEVER)
+        with lock:  # the first wait opens this thread's listening session
+            pass
+        first_done.set()
+        go_again.wait(NEVER)
+        with lock:
+            granted_at.append(time.monotonic())
+
+    thread = threading.Thread(target=wait_twice)
+    thread.start()
+    try:
+        _wait_until_queued(name, 1)
+        holder.release()
+        assert first_done.wait(10), "the first wait never ended"
+        holder.acquire()
+        assert _end_idle_listeners() >= 1
+        go_again.set()
+        _wait_until_queued(name, 1)
+        release_and_see_it_heard(holder, thread, granted_at)
+    finally:
+        go_again.set()
+        thread.join(NEVER)
+
+
+def release_and_see_it_heard(
+    holder: Lock, waiter: threading.Thread, granted_at: list[float]
+) -> None:
+    """Release ``holder``; the thread ``waiter`` must then get the lock (and append the
+    moment to ``granted_at``) within 5 s: its polls are 30 s apart, so it heard it."""
+    released = time.monotonic()
+    holder.release()
+    waiter.join(20)
+    assert granted_at, "the waiter never heard the release"
+    assert granted_at[0] - released < 5
+
+
+def _wait_until_queued(name: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while len(queued(name)) < count:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+
+
+def _end_idle_listeners() -> int:
+    """End the idle listening sessions of lease waiters on this database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 5000)) "
+            "FROM pg_stat_activity WHERE query LIKE 'LISTEN djlocks_lease%%' "
+            "AND state = 'idle' AND datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_listening_session_ended_during_a_wait_is_replaced_and_named() -> None:
+    """The server ends a waiter's listening session while it waits: the waiter opens a
+    new one, names it in its queue row, and hears the release on it (its polls are
+    30 s apart)."""
+    name = "l:notify:during"
+    holder = Lock(name, ttl=30)
+    holder.acquire()
+    granted_at: list[float] = []
+
+    def wait() -> None:
+        with Lock(name, ttl=30, timeout=NEVER):
+            granted_at.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        _wait_until_queued(name, 1)
+        [(_, ended)] = queued(name)
+        assert _end_idle_listeners() >= 1
+        deadline = time.monotonic() + 10
+        while queued(name)[0][1] == ended:
+            assert time.monotonic() < deadline, "the queue row still names the ended session"
+            time.sleep(0.01)
+        release_and_see_it_heard(holder, thread, granted_at)
+    finally:
+        thread.join(NEVER)

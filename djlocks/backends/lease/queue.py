@@ -66,6 +66,7 @@ class LeaseQueue(LeaseClaims):
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
         self._leave_abandoned_places()
         heir_token = secrets.token_hex(16)  # what a release hands the slot over with
+        self._catch_up()
         sleeper = self._sleeper()
         ticket = self._run(
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
@@ -114,6 +115,8 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
+                if sleeper is not None:
+                    sleeper = self._rename_sleeper(ticket, sleeper)
                 if self._pause(pause, ticket, abort, listening, heir_token, woken_here):
                     return None
         finally:
@@ -279,6 +282,36 @@ class LeaseQueue(LeaseClaims):
                     return abort.wait(left)
                 time.sleep(left)
         return abort is not None and abort.is_set()
+
+    def _catch_up(self) -> None:
+        """Before a wait, read what this thread's listening session (PostgreSQL) heard
+        since the last one: notices of past waits, which no wait needs, or the server
+        having ended the session while it was idle (an idle time-out, a restart), which
+        then is replaced, so that the new wait's queue row names a live one. No round
+        trip: only what already arrived is read."""
+        if self.dialect.listening is None:
+            return
+        try:
+            wrapper = self._listeners.get()
+            with wrapper.wrap_database_errors:
+                for _ in wrapper.connection.notifies(timeout=0):
+                    pass
+        except DatabaseError:
+            self._listeners.discard()
+
+    def _rename_sleeper(self, ticket: int, sleeper: int) -> int:
+        """The session this thread's wait is woken on now: if the one its queue row
+        ``ticket`` names (``sleeper``) failed and was replaced during the wait, the row
+        is made to name the new one, so that a release wakes the waiter again."""
+        current = self._sleeper()
+        if current is None or current == sleeper:
+            return sleeper
+        self._run(
+            lambda db: self._execute(
+                db, f"UPDATE {WAITERS} SET connection_id = %s WHERE id = %s", (current, ticket)
+            )
+        )
+        return current
 
     def _sleeper(self) -> int | None:
         """The server session this thread's waits sleep on (``_sleep_in_the_server``)
