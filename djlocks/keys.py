@@ -115,7 +115,7 @@ def table_key(name: str) -> str:
     return _sha256(name)
 
 
-@functools.lru_cache(maxsize=KEYS_CACHED)
+@functools.lru_cache(maxsize=KEYS_CACHED, typed=True)  # a bool slot is not slot 0 or 1
 def mysql_key(name: str, slot: int | str | None = None) -> str:
     """The ``GET_LOCK`` name (``str``, at most 64 characters, no capitals) of a lock
     (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""
@@ -126,7 +126,7 @@ def mysql_key(name: str, slot: int | str | None = None) -> str:
     return body + _suffix(slot)
 
 
-@functools.lru_cache(maxsize=KEYS_CACHED)
+@functools.lru_cache(maxsize=KEYS_CACHED, typed=True)  # a bool slot is not slot 0 or 1
 def advisory_key(name: str, slot: int | str | None = None) -> int:
     """The ``pg_advisory_lock(bigint)`` key (a signed 64-bit ``int``) of a lock
     (``slot=None``), a slot, or a gate; ``ValueError`` for a bad slot."""
