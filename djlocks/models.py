@@ -82,8 +82,9 @@ class LeaseWaiter(models.Model):
     connection_id = models.BigIntegerField(
         null=True,
         blank=True,
-        help_text="The server session the waiter sleeps on, which a release that hands "
-        "it a slot wakes (MySQL: KILL QUERY).",
+        help_text="The server session a release that concerns the waiter wakes: the one "
+        "it listens on (PostgreSQL: NOTIFY on its own channel) or sleeps on (MySQL: "
+        "KILL QUERY).",
     )
 
     class Meta:

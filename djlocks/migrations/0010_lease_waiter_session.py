@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='leasewaiter',
             name='connection_id',
-            field=models.BigIntegerField(blank=True, help_text='The server session the waiter sleeps on, which a release that hands it a slot wakes (MySQL: KILL QUERY).', null=True),
+            field=models.BigIntegerField(blank=True, help_text='The server session a release that concerns the waiter wakes: the one it listens on (PostgreSQL: NOTIFY on its own channel) or sleeps on (MySQL: KILL QUERY).', null=True),
         ),
         migrations.AlterField(
             model_name='leasewaiter',
