@@ -120,7 +120,7 @@ def _replied_ok(answer: str) -> None:
 class Waiter(threading.Thread):
     """Waits for ``name`` and notes when it got in and its grant. While the cluster has
     no master for the name, a wait ends in ``BackendUnavailable``: the waiter tries
-    again, as an application would."""
+    again, as an application would (``acquire_retrying``)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(daemon=True)
@@ -129,13 +129,22 @@ class Waiter(threading.Thread):
         self.grant: Grant | None = None
 
     def run(self) -> None:
-        deadline = time.monotonic() + 60
-        while self.grant is None and time.monotonic() < deadline:
-            try:
-                self.grant = self.lock.acquire_grant(timeout=deadline - time.monotonic())
-            except BackendUnavailable:
-                time.sleep(0.05)
+        self.grant = acquire_retrying(self.lock)
         self.granted_at = time.monotonic()
+
+
+def acquire_retrying(lock: Lock, seconds: float = 60) -> Grant | None:
+    """``lock``'s grant, asked for again after each ``BackendUnavailable`` for up to
+    ``seconds``: while the cluster has no master for the name, or, with
+    ``wait_replicas``, while no replica acknowledges yet (a new cluster's first
+    acknowledgements can take longer than the time-out on a busy machine)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            return lock.acquire_grant(timeout=deadline - time.monotonic())
+        except BackendUnavailable:
+            time.sleep(0.05)
+    return None
 
 
 def _through_a_failover(
@@ -146,9 +155,9 @@ def _through_a_failover(
     FencedCounter.objects.create(name=name)
     rows = FencedCounter.objects.filter(name=name)
     lost_at: list[float] = []
-    holder = Lock(
-        name, backend=FAILOVER, ttl=TTL, on_lost=lambda *_: lost_at.append(time.monotonic())
-    ).acquire_grant()
+    holder = acquire_retrying(
+        Lock(name, backend=FAILOVER, ttl=TTL, on_lost=lambda *_: lost_at.append(time.monotonic()))
+    )
     assert holder is not None
     assert fenced_update(rows, holder.fence, value=1) == 1
     first_expiry = holder.expires_at
