@@ -28,13 +28,14 @@ import socket
 import time
 from contextlib import closing
 
-from django.db import DatabaseError
+from django.db import DatabaseError, Error
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
-from djlocks.backends.lease.store import SLOTS, WAITERS
+from djlocks.backends.lease.store import SLOTS, WAITERS, WAKING_SESSION_IDLE
 from djlocks.backends.lease.wakeups import HostWakeups
+from djlocks.backends.push import hung_up
 from djlocks.backends.sql import as_datetime, sqlite
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
@@ -77,6 +78,7 @@ class LeaseQueue(LeaseClaims):
         listening = sleeper is not None and self.dialect.listening is not None
         woken_here = None
         refresh_at = time.monotonic() + waiter_ttl / 3
+        keep_listening_at = time.monotonic() + WAKING_SESSION_IDLE / 2
         head_poll = POLL_MIN
         handed = claimed = at_the_front = False
         try:
@@ -115,6 +117,11 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
+                if listening:
+                    if now >= keep_listening_at:
+                        self._keep_listening()
+                        keep_listening_at = now + WAKING_SESSION_IDLE / 2
+                    pause = min(pause, keep_listening_at - now)
                 if sleeper is not None:
                     sleeper = self._rename_sleeper(ticket, sleeper)
                 if self._pause(pause, ticket, abort, listening, heir_token, woken_here):
@@ -284,19 +291,34 @@ class LeaseQueue(LeaseClaims):
         return abort is not None and abort.is_set()
 
     def _catch_up(self) -> None:
-        """Before a wait, read what this thread's listening session (PostgreSQL) heard
-        since the last one: notices of past waits, which no wait needs, or the server
-        having ended the session while it was idle (an idle time-out, a restart), which
-        then is replaced, so that the new wait's queue row names a live one. No round
-        trip: only what already arrived is read."""
-        if self.dialect.listening is None:
+        """Before a wait, read what this thread's waking session received while it was
+        idle, with no round trip: notices of past waits (PostgreSQL), which no wait
+        needs, and the server's hang-up (its idle limit, ``WAKING_SESSION_IDLE``, a
+        restart, a kill), after which the session is replaced, so that the new wait's
+        queue row names a live one."""
+        if self.dialect.session_id is None:
             return
+        read_notices = self.dialect.read_notices
         try:
             wrapper = self._listeners.get()
             with wrapper.wrap_database_errors:
-                for _ in wrapper.connection.notifies(timeout=0):
-                    pass
-        except DatabaseError:
+                if read_notices is not None:
+                    read_notices(wrapper.connection)
+                ended = hung_up(wrapper.connection.fileno())
+        except Error:
+            ended = True
+        if ended:
+            self._listeners.discard()
+
+    def _keep_listening(self) -> None:
+        """Run a statement on this thread's listening session (PostgreSQL), which a wait
+        otherwise leaves idle, so that the server does not close it during a long wait
+        (``WAKING_SESSION_IDLE``). One that failed is replaced (``_rename_sleeper``
+        names the new one in the queue row)."""
+        try:
+            with self._listeners.cursor() as cursor:
+                cursor.execute("SELECT 1")
+        except Error:
             self._listeners.discard()
 
     def _rename_sleeper(self, ticket: int, sleeper: int) -> int:

@@ -38,6 +38,11 @@ DEADLOCK_MESSAGES = ("deadlock", "could not serialize")
 T = TypeVar("T")
 #: Tokens of grants got by waiting that a store remembers, at most (see ``_queued_grants``).
 QUEUED_GRANTS_KEPT = 10_000
+#: Seconds a thread's waking session (the one its waits listen or sleep on) may stay
+#: idle before the server closes it: a thread that no longer waits does not keep a
+#: server connection for its life, nor (PostgreSQL) a listener that every ``NOTIFY``
+#: of the database signals. The thread's next wait opens a new one.
+WAKING_SESSION_IDLE = 60
 #: Times an idempotent operation that met contention is tried again (see ``_run``).
 CONTENTION_RETRIES = 20
 
@@ -93,14 +98,17 @@ class LeaseStore(LockBackend):
             self.dialect.opened(wrapper)
 
     def _listen(self, wrapper: BaseDatabaseWrapper) -> None:
-        """Have a waiter's listening session hear, from now on, the releases that concern
-        its waits (``LeaseDialect.listening``): it listens for as long as it is open,
-        so a wait costs no ``LISTEN`` of its own."""
-        listening, session_id = self.dialect.listening, self.dialect.session_id
-        if listening is None or session_id is None:
-            return
+        """Prepare a waiter's waking session as it opens: the server closes it once it
+        has been idle for ``WAKING_SESSION_IDLE`` seconds (``LeaseDialect.idle_limit``);
+        on PostgreSQL it hears, from now on, the releases that concern its waits
+        (``LeaseDialect.listening``), so a wait costs no ``LISTEN`` of its own."""
+        dialect = self.dialect
+        statements = [] if dialect.idle_limit is None else [dialect.idle_limit(WAKING_SESSION_IDLE)]
+        if dialect.listening is not None and dialect.session_id is not None:
+            statements.append(dialect.listening(dialect.session_id(wrapper.connection)))
         with wrapper.cursor() as cursor:
-            cursor.execute(listening(session_id(wrapper.connection)))
+            for statement in statements:
+                cursor.execute(statement)
 
     @property
     def dialect(self) -> LeaseDialect:

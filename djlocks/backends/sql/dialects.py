@@ -45,6 +45,15 @@ class LeaseDialect:
     #: (PostgreSQL ``LISTEN`` on a channel of its own); ``None`` where waiters do not
     #: listen.
     listening: Callable[[int], str] | None = None
+    #: Reads and drops what a listening session (``listening``) received while it was
+    #: idle, with no round trip: ``(driver connection) -> None``. ``None`` where
+    #: waiters do not listen.
+    read_notices: Callable[[Any], object] | None = None
+    #: SQL that the session a waiter is woken on (``listening`` or ``waking``) runs once,
+    #: as it opens, so that the server closes it after that many seconds idle:
+    #: ``(seconds) -> SQL`` (PostgreSQL ``idle_session_timeout``, MySQL
+    #: ``wait_timeout``). ``None`` where waiters have no such session.
+    idle_limit: Callable[[int], str] | None = None
     #: Runs on each dedicated connection as it opens.
     session_setup: tuple[str, ...] = ()
     #: Makes an ``UPDATE`` that frees slots (``(update, slots, waiters) -> SQL``) also

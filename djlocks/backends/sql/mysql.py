@@ -220,6 +220,7 @@ LEASE = LeaseDialect(
     waking=lease_sleep_until_handed,
     wake=wake_sleeper,
     session_id=session_id,
+    idle_limit=lambda seconds: f"SET SESSION wait_timeout = {seconds}",
     seconds_until="TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {}) / 1000000",
 )
 

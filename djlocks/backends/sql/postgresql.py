@@ -44,6 +44,13 @@ def session_id(connection: Any) -> int:
     return int(connection.info.backend_pid)
 
 
+def read_notices(connection: Any) -> None:
+    """Read and drop the notices that the idle listening session of a psycopg
+    ``connection`` received (no round trip)."""
+    for _ in connection.notifies(timeout=0):
+        pass
+
+
 def waking_first_waiters(waiters: str, name_key: str, limit: str) -> str:
     """SQL (a count) that notifies the first ``limit`` live waiters of the name
     ``name_key``, each on its own channel with its ticket; a waiter queued by an
@@ -176,6 +183,8 @@ LEASE = LeaseDialect(
     hand_over=lease_hand_over,
     session_id=session_id,
     listening=lambda session: f"LISTEN {waiter_channel(session)}",
+    read_notices=read_notices,
+    idle_limit=lambda seconds: f"SET idle_session_timeout = {seconds * 1000}",
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
 )
