@@ -31,15 +31,28 @@ def current_identity(label: str | None) -> Identity:
 
     ``label`` must have passed ``validate_label``. The default label, the host and
     the thread's name are gathered, not given: they are made storable (NUL and
-    bytes that were not UTF-8 become escapes) and cut to what the stores keep.
+    bytes that were not UTF-8 become escapes) and cut to what the stores keep. A
+    thread gathers them again only when its name, the label or the process (a
+    fork) changed: the host and the command line are read once per thread and label.
     """
-    thread = storable(threading.current_thread().name, 80)
-    return Identity(
+    thread_name = threading.current_thread().name
+    asked = (thread_name, label, os.getpid())
+    known: tuple[tuple[str, str | None, int], Identity] | None = getattr(_known, "last", None)
+    if known is not None and known[0] == asked:
+        return known[1]
+    thread = storable(thread_name, 80)
+    identity = Identity(
         host=storable(socket.gethostname(), 255),
         pid=os.getpid(),
         thread=f"{thread} (tid {threading.get_native_id()})",
         label=label if label is not None else default_label(" ".join(sys.argv)),
     )
+    _known.last = (asked, identity)
+    return identity
+
+
+#: Per thread: the last identity ``current_identity`` gathered, and what it was asked.
+_known = threading.local()
 
 
 def default_label(command_line: str) -> str:

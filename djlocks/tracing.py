@@ -7,13 +7,14 @@ the wait made as children. Attributes: ``djlocks.name``, ``djlocks.backend``,
 ``djlocks.limit``, ``djlocks.granted`` and, for a grant, ``djlocks.fence``,
 ``djlocks.slot`` and ``djlocks.waited`` (seconds). An acquire that raises
 records the exception on its span. Until the project configures a tracer
-provider (the OpenTelemetry SDK), the API's tracer does nothing, at almost no
-cost; without the package, nothing is done at all.
+provider (the OpenTelemetry SDK), whose spans would record nothing, no span is
+opened; without the package, nothing is done at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -25,25 +26,28 @@ try:
 except ImportError:  # the [otel] extra is not installed
     trace = None  # type: ignore[assignment]
 
+#: The API's providers before the project configures one (the OpenTelemetry SDK):
+#: their spans record nothing, so an acquire opens none. (A no-op span made current
+#: would also hide, inside the wait, a trace context propagated from upstream.)
+_RECORDING_NOTHING = () if trace is None else (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
 #: Called with the acquire's grant (``None``: not granted) before its span ends.
 Outcome = Callable[["Grant | None"], None]
 
 
 @contextlib.contextmanager
 def acquiring(backend: str, name: str, limit: int) -> Iterator[Outcome]:
-    """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``."""
-    if trace is None:
+    """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``;
+    none until a tracer provider is configured."""
+    if trace is None or isinstance(trace.get_tracer_provider(), _RECORDING_NOTHING):
         yield _ignore
         return
-    from djlocks import __version__
-
-    tracer = trace.get_tracer("djlocks", __version__)
     attributes: dict[str, str | int] = {
         "djlocks.name": name,
         "djlocks.backend": backend,
         "djlocks.limit": limit,
     }
-    with tracer.start_as_current_span("djlocks acquire", attributes=attributes) as span:
+    with _tracer().start_as_current_span("djlocks acquire", attributes=attributes) as span:
 
         def outcome(grant: Grant | None) -> None:
             span.set_attribute("djlocks.granted", grant is not None)
@@ -53,6 +57,14 @@ def acquiring(backend: str, name: str, limit: int) -> Iterator[Outcome]:
                 span.set_attribute("djlocks.waited", grant.waited)
 
         yield outcome
+
+
+@functools.cache
+def _tracer() -> trace.Tracer:
+    """The ``djlocks`` tracer: a proxy until a provider is set, then that provider's."""
+    from djlocks import __version__
+
+    return trace.get_tracer("djlocks", __version__)
 
 
 def _ignore(grant: Grant | None) -> None:

@@ -57,3 +57,14 @@ def test_an_acquire_that_fails_records_its_error(spans: InMemorySpanExporter) ->
     (failed,) = spans.get_finished_spans()
     assert failed.status.status_code == StatusCode.ERROR
     assert [event.name for event in failed.events] == ["exception"]
+
+
+def test_before_a_provider_is_configured_an_acquire_opens_no_span(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's default provider records nothing: an acquire then costs no span (and
+    makes no no-op span current, which would hide the caller's trace context)."""
+    monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    with Lock("traced:quiet", timeout=5):
+        pass
+    assert spans.get_finished_spans() == ()
