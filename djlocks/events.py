@@ -29,6 +29,7 @@ from django.utils import timezone
 from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.dedicated import RecordWriting
+from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.kinds import Kind
 from djlocks.percentiles import percentile
@@ -154,7 +155,7 @@ class EventLog:
 
     # -- writing and pruning ----------------------------------------------------
 
-    def record(self, events: list[LockEvent], *, routine: bool = False) -> None:
+    def record(self, events: list[NewEvent], *, routine: bool = False) -> None:
         """Write ``events``, unless events are switched off or none: ``routine`` ones
         through the background writer (unless ``EVENTS_WRITER`` is ``"synchronous"``),
         others at once."""
@@ -171,7 +172,7 @@ class EventLog:
         so far to be written; ``True`` if they are (tests read the history after it)."""
         return self._writer.flush(timeout)
 
-    def _write(self, events: list[LockEvent]) -> None:
+    def _write(self, events: list[NewEvent]) -> None:
         """Insert ``events`` now, as few statements as the database allows; log a failure."""
         connections = self._connections[djlocks_settings()["EVENTS_DATABASE"]]
         try:
@@ -182,7 +183,7 @@ class EventLog:
                 "%s event(s) of %s not recorded (%s); run `manage.py migrate djlocks` if "
                 "the djlocks_event table is missing, or set DJLOCKS['EVENTS'] = False",
                 len(events),
-                events[0].name,
+                events[0]["name"],
                 exc,
             )
 
@@ -201,10 +202,14 @@ class EventLog:
 events = EventLog()
 
 
-def _event(**fields: object) -> LockEvent:
-    from djlocks.models import LockEvent
+#: An event to be written: the values (``LockEvent`` field attname -> value) it sets;
+#: the model's defaults fill in the others when it is written. Not a model instance,
+#: which costs several microseconds to build on every release's path.
+NewEvent = dict[str, object]
 
-    return LockEvent(**fields)
+
+def _event(**fields: object) -> NewEvent:
+    return fields
 
 
 def _about_grant(grant: Grant) -> dict[str, object]:
@@ -221,27 +226,33 @@ def _about_grant(grant: Grant) -> dict[str, object]:
     }
 
 
-def _insert(db: BaseDatabaseWrapper, rows: list[LockEvent]) -> None:
-    """Multi-row ``INSERT`` statements, as many rows in each as the database takes
-    (``bulk_batch_size``), values prepared by the model's fields for ``db``'s vendor."""
+def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
+    """Write ``events`` to ``db``, values prepared by the model's fields for its vendor
+    (the model's defaults where an event sets none): on PostgreSQL with one ``COPY``
+    (``sql.postgresql.copy_rows``), elsewhere with multi-row ``INSERT`` statements, as
+    many rows in each as the database takes (``bulk_batch_size``)."""
     from djlocks.models import LockEvent
 
-    fields = [f for f in LockEvent._meta.concrete_fields if not f.primary_key]
+    fields = [f for f in LockEvent._meta.concrete_fields if not f.primary_key and f.column]
+    defaults = {f.attname: f.get_default() for f in fields}
+    rows = [
+        [f.get_db_prep_save(event.get(f.attname, defaults[f.attname]), db) for f in fields]
+        for event in events
+    ]
     quote = db.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields if f.column)
-    placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
-    per_statement = max(1, db.ops.bulk_batch_size(fields, rows))
-    with db.cursor() as cursor:
+    table, columns = quote(LockEvent._meta.db_table), [quote(f.column) for f in fields if f.column]
+    with db.cursor() as cursor, db.wrap_database_errors:
+        if db.vendor == "postgresql":
+            postgresql.copy_rows(cursor.cursor, table, columns, rows)
+            return
+        placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        per_statement = max(1, db.ops.bulk_batch_size(fields, rows))
         for start in range(0, len(rows), per_statement):
             chunk = rows[start : start + per_statement]
             cursor.execute(
-                f"INSERT INTO {quote(LockEvent._meta.db_table)} ({columns}) "
+                f"INSERT INTO {table} ({', '.join(columns)}) "
                 f"VALUES {', '.join([placeholders] * len(chunk))}",
-                [
-                    f.get_db_prep_save(getattr(row, f.attname), connection=db)
-                    for row in chunk
-                    for f in fields
-                ],
+                [value for row in chunk for value in row],
             )
 
 

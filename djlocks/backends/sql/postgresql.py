@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from djlocks.backends.prepared import prepare_where_direct
@@ -15,10 +15,25 @@ from djlocks.backends.sql.dialects import LeaseDialect
 #: flush (the PostgreSQL manual, "Asynchronous Commit"); a crash may lose the last events.
 HISTORY_SESSION: str | None = "SET synchronous_commit TO off"
 
+
+def copy_rows(
+    cursor: Any, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
+) -> None:
+    """Insert ``rows`` (values in ``columns`` order) into ``table`` with one ``COPY ...
+    FROM STDIN`` on a psycopg ``cursor`` (the PostgreSQL manual, "COPY"; psycopg's
+    ``Cursor.copy``): the server parses one statement for them all and the driver
+    quotes nothing, several times cheaper for the client than a multi-row ``INSERT``.
+    """
+    with cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
 #: A new name's first fence: the server's clock in microseconds since the epoch. A
 #: name that ``djlocks sweep`` removed after it was idle starts again above every
 #: fence it had (fences rise by one per grant, far slower than the clock).
 FIRST_FENCE = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+
 
 # -- Lease rows (djlocks.backends.lease) ------------------------------------
 
