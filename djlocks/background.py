@@ -94,7 +94,7 @@ class BackgroundWriter(Generic[Record]):
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: bool(self._waiting))
-                # Let a batch gather: one INSERT and commit for many grants, not for each.
+                # Let a batch gather: one write and commit for many grants, not one each.
                 self._changed.wait_for(
                     lambda: len(self._waiting) >= BATCH_RECORDS or self._flushing, LINGER
                 )

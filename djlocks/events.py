@@ -5,7 +5,7 @@ a caller's rollback cannot erase them and a caller's broken transaction
 cannot break a release. A write that fails is logged on ``djlocks.events``
 and dropped: history is an aid to operators, never a reason to fail a lock
 operation. A grant's ``acquired`` and end events are written together, in
-one ``INSERT``, when the grant ends.
+one write, when the grant ends.
 
 The events of every grant and wait (released, timed out, cancelled) are handed
 to the process's background writer (``djlocks.background``) unless
@@ -16,6 +16,7 @@ cool-down changed by an operator) are written at once, by whoever notices them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -209,7 +210,18 @@ NewEvent = dict[str, object]
 
 
 def _event(**fields: object) -> NewEvent:
+    """An event that sets ``fields``; ``TypeError`` for a name the model has no field of."""
+    unknown = fields.keys() - _event_fields()
+    if unknown:
+        raise TypeError(f"LockEvent has no field {', '.join(sorted(unknown))}")
     return fields
+
+
+@functools.cache
+def _event_fields() -> frozenset[str]:
+    from djlocks.models import LockEvent
+
+    return frozenset(field.attname for field in LockEvent._meta.concrete_fields)
 
 
 def _about_grant(grant: Grant) -> dict[str, object]:
@@ -240,9 +252,9 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
         for event in events
     ]
     quote = db.ops.quote_name
-    table, columns = quote(LockEvent._meta.db_table), [quote(f.column) for f in fields if f.column]
+    table, columns = quote(LockEvent._meta.db_table), [quote(str(f.column)) for f in fields]
     with db.cursor() as cursor, db.wrap_database_errors:
-        if db.vendor == "postgresql":
+        if _copies(db):
             postgresql.copy_rows(cursor.cursor, table, columns, rows)
             return
         placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
@@ -254,6 +266,16 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
                 f"VALUES {', '.join([placeholders] * len(chunk))}",
                 [value for row in chunk for value in row],
             )
+
+
+def _copies(db: BaseDatabaseWrapper) -> bool:
+    """Whether ``db`` can take rows with ``COPY``: PostgreSQL through psycopg 3 (Django
+    also runs on psycopg2, whose cursors copy otherwise)."""
+    if db.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
 
 
 def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:

@@ -27,14 +27,14 @@ pytestmark = [
     pytest.mark.timeout(120),
 ]
 
-#: Seconds of idleness after which the server closes a waking session, in these tests.
-IDLE = 1
+#: Seconds of idleness after which the server closes a waking session, in these tests
+#: (a whole number: MySQL's ``wait_timeout`` counts whole seconds).
+IDLE = 2
 
 
 @pytest.fixture(autouse=True)
 def short_idle_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("djlocks.backends.lease.store.WAKING_SESSION_IDLE", IDLE)
-    monkeypatch.setattr("djlocks.backends.lease.queue.WAKING_SESSION_IDLE", IDLE)
 
 
 def waking_session(name: str) -> int:
@@ -104,6 +104,7 @@ def test_a_waking_session_lives_through_a_long_wait_and_closes_once_idle(
         while is_open(first):
             assert time.monotonic() < deadline, "the idle waking session stayed open"
             time.sleep(0.1)
+        time.sleep(0.2)  # the server lists a session as gone just before it hangs up
         go_again.set()
         second = waking_session(name)
         assert second != first and is_open(second)
@@ -116,3 +117,42 @@ def test_a_waking_session_lives_through_a_long_wait_and_closes_once_idle(
         go_again.set()
         thread.join(NEVER)
     assert not [record.getMessage() for record in caplog.records]
+
+
+def test_short_waits_keep_their_waking_session(caplog: pytest.LogCaptureFixture) -> None:
+    """A thread that waits often, each wait shorter than the idle limit, keeps one waking
+    session for longer than that limit: the idle time counts from its last statement,
+    and the thread keeps it from running out (on PostgreSQL a wait runs none)."""
+    name = "l:waking:short"
+    rounds = 3 * IDLE * 2  # half a second each: three idle limits in all
+    holder = Lock(name, ttl=30)
+    held = [threading.Event() for _ in range(rounds)]
+    done = threading.Semaphore(0)
+    sessions: list[int] = []
+
+    def wait_each_round() -> None:
+        lock = Lock(name, ttl=30, timeout=NEVER)
+        for round_held in held:
+            round_held.wait(NEVER)
+            with lock:
+                pass
+            done.release()
+
+    caplog.set_level(logging.WARNING, logger="djlocks")
+    thread = threading.Thread(target=wait_each_round)
+    thread.start()
+    try:
+        for round_held in held:
+            holder.acquire()
+            round_held.set()
+            sessions.append(waking_session(name))
+            time.sleep(0.2)
+            holder.release()
+            assert done.acquire(timeout=10), "the waiter never heard the release"
+            time.sleep(0.3)
+    finally:
+        for round_held in held:
+            round_held.set()
+        thread.join(NEVER)
+    assert not [record.getMessage() for record in caplog.records]
+    assert len(set(sessions)) == 1, "the waking session was closed between short waits"

@@ -33,7 +33,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.lease.claims import LeaseClaims
-from djlocks.backends.lease.store import SLOTS, WAITERS, WAKING_SESSION_IDLE
+from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import hung_up
 from djlocks.backends.sql import as_datetime, sqlite
@@ -78,7 +78,6 @@ class LeaseQueue(LeaseClaims):
         listening = sleeper is not None and self.dialect.listening is not None
         woken_here = None
         refresh_at = time.monotonic() + waiter_ttl / 3
-        keep_listening_at = time.monotonic() + WAKING_SESSION_IDLE / 2
         head_poll = POLL_MIN
         handed = claimed = at_the_front = False
         try:
@@ -117,11 +116,10 @@ class LeaseQueue(LeaseClaims):
                 if now >= refresh_at:
                     self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
                     refresh_at = now + waiter_ttl / 3
-                if listening:
-                    if now >= keep_listening_at:
-                        self._keep_listening()
-                        keep_listening_at = now + WAKING_SESSION_IDLE / 2
-                    pause = min(pause, keep_listening_at - now)
+                if listening:  # a wait leaves the listening session idle
+                    if now >= self._waking_session_due():
+                        self._keep_waking_session()
+                    pause = min(pause, max(self._waking_session_due() - now, 0.0))
                 if sleeper is not None:
                     sleeper = self._rename_sleeper(ticket, sleeper)
                 if self._pause(pause, ticket, abort, listening, heir_token, woken_here):
@@ -280,8 +278,10 @@ class LeaseQueue(LeaseClaims):
                 lease_session = session_id(self._connections.get().connection)
                 sleeper = self._listeners.get()
                 with sleeper.wrap_database_errors, closing(sleeper.create_cursor()) as cursor:
-                    if waking(cursor, SLOTS, heir_token, lease_session, nap):
-                        break
+                    woken = waking(cursor, SLOTS, heir_token, lease_session, nap)
+                self._waking_session_ran()
+                if woken:
+                    break
             except DatabaseError:
                 acquire_log.warning("sleeping in the server failed", exc_info=True)
                 self._listeners.discard()
@@ -291,11 +291,13 @@ class LeaseQueue(LeaseClaims):
         return abort is not None and abort.is_set()
 
     def _catch_up(self) -> None:
-        """Before a wait, read what this thread's waking session received while it was
-        idle, with no round trip: notices of past waits (PostgreSQL), which no wait
-        needs, and the server's hang-up (its idle limit, ``WAKING_SESSION_IDLE``, a
-        restart, a kill), after which the session is replaced, so that the new wait's
-        queue row names a live one."""
+        """Before a wait, make sure that this thread's waking session is live and will
+        stay so for a while: read what it received while idle, with no round trip
+        (notices of past waits, on PostgreSQL, which no wait needs; the server's
+        hang-up, on Linux), and if it has been idle for half its idle limit
+        (``WAKING_SESSION_IDLE``), have it run a statement. A session the server closed
+        (that limit, a restart, a kill) is replaced, so that the new wait's queue row
+        names a live one."""
         if self.dialect.session_id is None:
             return
         read_notices = self.dialect.read_notices
@@ -309,17 +311,21 @@ class LeaseQueue(LeaseClaims):
             ended = True
         if ended:
             self._listeners.discard()
+        elif time.monotonic() >= self._waking_session_due():
+            self._keep_waking_session()
 
-    def _keep_listening(self) -> None:
-        """Run a statement on this thread's listening session (PostgreSQL), which a wait
-        otherwise leaves idle, so that the server does not close it during a long wait
-        (``WAKING_SESSION_IDLE``). One that failed is replaced (``_rename_sleeper``
-        names the new one in the queue row)."""
+    def _keep_waking_session(self) -> None:
+        """Run a statement on this thread's waking session, so that the server does not
+        close it as idle (``WAKING_SESSION_IDLE``): a PostgreSQL wait leaves it idle. One
+        that failed (the server closed it) is replaced at its next use, and a wait under
+        way names the new one in its queue row (``_rename_sleeper``)."""
         try:
             with self._listeners.cursor() as cursor:
                 cursor.execute("SELECT 1")
         except Error:
             self._listeners.discard()
+        finally:
+            self._waking_session_ran()  # or let go: either way, not tried again at once
 
     def _rename_sleeper(self, ticket: int, sleeper: int) -> int:
         """The session this thread's wait is woken on now: if the one its queue row

@@ -10,6 +10,7 @@ so that a claim can be tried again.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager, suppress
@@ -73,6 +74,9 @@ class LeaseStore(LockBackend):
         self.using = database_alias(self.options, "LeaseSlot")
         self._connections = DedicatedConnections(self.using, on_connect=self._prepare)
         self._listeners = DedicatedConnections(self.using, on_connect=self._listen)
+        # Per thread: when (monotonic) its waking session last ran a statement; the
+        # server's idle limit (WAKING_SESSION_IDLE) counts from then.
+        self._waking_session_used = threading.local()
         # (name_key, limit) -> when (monotonic) its rows were last confirmed to exist
         # with that limit
         self._shaped: dict[tuple[str, int], float] = {}
@@ -109,6 +113,19 @@ class LeaseStore(LockBackend):
         with wrapper.cursor() as cursor:
             for statement in statements:
                 cursor.execute(statement)
+        self._waking_session_ran()
+
+    def _waking_session_ran(self) -> None:
+        """This thread's waking session has just run a statement (its idle time restarts),
+        or was found closed and let go (its replacement restarts it as it opens)."""
+        self._waking_session_used.at = time.monotonic()
+
+    def _waking_session_due(self) -> float:
+        """When (``time.monotonic()``) this thread's waking session must next run a
+        statement, so that the server does not close it as idle: half of
+        ``WAKING_SESSION_IDLE`` after its last one."""
+        used: float = getattr(self._waking_session_used, "at", 0.0)
+        return used + WAKING_SESSION_IDLE / 2
 
     @property
     def dialect(self) -> LeaseDialect:
