@@ -19,7 +19,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 writer_log = logging.getLogger("djlocks.background")
 
@@ -33,6 +33,8 @@ BATCH_RECORDS = 500
 LINGER = 0.05
 #: How long (seconds) ``flush()`` waits by default, and the exit waits.
 EXIT_WAIT = 5.0
+#: How long (seconds) ``flush_all()`` waits for each writer before a database is dropped.
+DROP_WAIT = 2.0
 
 
 class BackgroundWriter(Generic[Record]):
@@ -117,4 +119,16 @@ def start(write: Callable[[list[Record]], None], thread_name: str) -> Background
     writer: BackgroundWriter[Record] = BackgroundWriter(write, thread_name)
     os.register_at_fork(after_in_child=writer.forget_the_parent)
     atexit.register(writer.flush)
+    _started.append(writer)
     return writer
+
+
+#: The writers ``start`` made (one per kind of record, for the process's life).
+_started: list[BackgroundWriter[Any]] = []
+
+
+def flush_all(timeout: float = DROP_WAIT) -> None:
+    """Wait until every writer ``start`` made has written what it was handed so far,
+    up to ``timeout`` seconds for each."""
+    for writer in list(_started):
+        writer.flush(timeout)

@@ -5,14 +5,18 @@ writes what it handed over before it exits, and a bad setting is refused."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.core.checks import run_checks
 from django.db import connection, connections
+from django.db.backends.base.base import NO_DB_ALIAS
 
-from djlocks import db_lock
+from djlocks import background, db_lock
+from djlocks.backends.dedicated import _close_before_a_database_is_dropped
 from djlocks.background import BackgroundWriter
 from djlocks.conf import SYNCHRONOUS
 from djlocks.events import events
@@ -129,3 +133,20 @@ def test_an_unknown_writer_is_refused_by_the_checks(settings: Any) -> None:
     settings.DJLOCKS = {**settings.DJLOCKS, "EVENTS_WRITER": "later"}
     (error,) = [m for m in run_checks() if m.id == "djlocks.E010"]
     assert "'background' or 'synchronous'" in error.msg
+
+
+def test_the_writers_write_before_a_database_is_dropped() -> None:
+    """Django connects without a database only to create, clone or drop one (the test
+    database, at the end of a test run): the background writers write what they hold
+    first, not after the database is gone (which failed, and was logged at exit)."""
+    written: list[int] = []
+
+    def write_slowly(records: list[int]) -> None:
+        time.sleep(0.2)
+        written.extend(records)
+
+    writer = background.start(write_slowly, "djlocks-test-writer")
+    writer.submit([1, 2])
+    about_to_drop = SimpleNamespace(alias=NO_DB_ALIAS, settings_dict={"ENGINE": "nowhere"})
+    _close_before_a_database_is_dropped(sender=None, connection=about_to_drop)
+    assert written == [1, 2]

@@ -21,6 +21,7 @@ from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
 
+from djlocks import background
 from djlocks.forksafe import ForkSafeLock
 
 OnConnect = Callable[[BaseDatabaseWrapper], None]
@@ -198,11 +199,14 @@ def _close_before_a_database_is_dropped(
     sender: object, connection: BaseDatabaseWrapper, **kwargs: Any
 ) -> None:
     """Django connects to a server without a database only to create, clone or drop
-    one (a test database): close ours to that server first, since PostgreSQL refuses
+    one (a test database, at the end of a test run): first let the background writers
+    write the records they hold (``background.flush_all``), which belong to that
+    database, then close our connections to that server, since PostgreSQL refuses
     ``DROP DATABASE`` while another session uses it. A closed connection reopens,
     to the database its alias then names, when djlocks next needs it.
     """
     if connection.alias == NO_DB_ALIAS:
+        background.flush_all()
         DedicatedConnections.close_on_server(connection)
 
 
