@@ -108,8 +108,9 @@ clean:
 
 # The newest Django (6.x needs Python 3.12+) on the newest Python the machine has: the
 # suite but for what tests the stores and workers rather than Django (the fault catalogue,
-# real gunicorn/uvicorn/Celery workers), which `make test` runs; requirements-newest.txt
-# adds a real queue for Django's tasks framework, new in Django 6.
+# the many-process strength tests, real gunicorn/uvicorn/Celery workers), which `make test`
+# runs; requirements-newest.txt adds a real queue for Django's tasks framework, new in
+# Django 6.
 NEWEST_PYTHON ?= $(shell ls -d $(HOME)/.pyenv/versions/3.13*/bin/python3 $(HOME)/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
 NEWEST_VENV := .venv-newest
 
@@ -125,6 +126,6 @@ test-newest: setup
 	  $(NEWEST_VENV)/bin/pip install -q -e . --no-deps; \
 	  touch $(NEWEST_VENV)/.installed; }; \
 	$(NEWEST_VENV)/bin/python -m django --version; \
-	DJLOCKS_DB=sqlite $(NEWEST_VENV)/bin/python -m pytest -q -m "not real_workers and not catalogue"; \
+	DJLOCKS_DB=sqlite $(NEWEST_VENV)/bin/python -m pytest -q -m "not real_workers and not catalogue and not strength"; \
 	for db in postgresql mysql; do \
-	  DJLOCKS_DB=$$db $(NEWEST_VENV)/bin/python -m pytest -q -m "not redis_store and not real_workers and not catalogue"; done
+	  DJLOCKS_DB=$$db $(NEWEST_VENV)/bin/python -m pytest -q -m "not redis_store and not real_workers and not catalogue and not strength"; done

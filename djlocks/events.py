@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,7 +30,7 @@ from django.utils import timezone
 
 from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
-from djlocks.backends.dedicated import RecordWriting
+from djlocks.backends.dedicated import DedicatedConnections, RecordWriting
 from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.kinds import Kind
@@ -44,6 +45,8 @@ events_log = logging.getLogger("djlocks.events")
 
 #: The statistics look at no more than this many of a name's most recent events.
 STATISTICS_WINDOW = 100_000
+#: The pauses (seconds) before a failed background write is tried again; then it is dropped.
+RETRY_PAUSES = (0.2, 0.8)
 #: The events that end a hold and say how long it was.
 ENDED_HOLDS = (Kind.RELEASED, Kind.LOST)
 
@@ -53,7 +56,7 @@ class EventLog:
 
     def __init__(self) -> None:
         self._connections = RecordWriting()
-        self._writer = background.start(self._write, "djlocks-history")
+        self._writer = background.start(self._write_in_background, "djlocks-history")
 
     # -- what happened --------------------------------------------------------
 
@@ -173,20 +176,37 @@ class EventLog:
         so far to be written; ``True`` if they are (tests read the history after it)."""
         return self._writer.flush(timeout)
 
-    def _write(self, events: list[NewEvent]) -> None:
-        """Insert ``events`` now, as few statements as the database allows; log a failure."""
+    def _write_in_background(self, events: list[NewEvent]) -> None:
+        """The background writer's write: a batch that fails is tried again after each of
+        ``RETRY_PAUSES`` (seconds) before it is dropped, so that a database busy or gone
+        for a moment (SQLite's lock held by a test's flush, a restart, a fail-over)
+        loses nothing."""
+        for pause in RETRY_PAUSES:
+            if self._write(events, warn=False):
+                return
+            time.sleep(pause)
+        self._write(events)
+
+    def _write(self, events: list[NewEvent], *, warn: bool = True) -> bool:
+        """Insert ``events`` now, as few statements as the database allows; ``False`` if
+        that failed (logged on ``djlocks.events`` if ``warn``)."""
         connections = self._connections[djlocks_settings()["EVENTS_DATABASE"]]
         try:
             _insert(connections.get(), events)
+            return True
         except DatabaseError as exc:
             connections.discard()
-            events_log.warning(
-                "%s event(s) of %s not recorded (%s); run `manage.py migrate djlocks` if "
-                "the djlocks_event table is missing, or set DJLOCKS['EVENTS'] = False",
-                len(events),
-                events[0]["name"],
-                exc,
-            )
+            if warn:
+                events_log.warning(
+                    "%s event(s) of %s not recorded (%s)%s",
+                    len(events),
+                    events[0]["name"],
+                    exc,
+                    "; run `manage.py migrate djlocks`, or set DJLOCKS['EVENTS'] = False"
+                    if _table_missing(connections)
+                    else "",
+                )
+            return False
 
     def sweep(self) -> int:
         """Delete events older than ``DJLOCKS["EVENTS_RETENTION"]`` seconds; return how many."""
@@ -266,6 +286,17 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
                 f"VALUES {', '.join([placeholders] * len(chunk))}",
                 [value for row in chunk for value in row],
             )
+
+
+def _table_missing(connections: DedicatedConnections) -> bool:
+    """Whether the database has no ``LockEvent`` table (``False`` if it cannot be asked)."""
+    from djlocks.models import LockEvent
+
+    try:
+        return LockEvent._meta.db_table not in connections.get().introspection.table_names()
+    except DatabaseError:
+        connections.discard()
+        return False
 
 
 def _copies(db: BaseDatabaseWrapper) -> bool:

@@ -40,6 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "real_workers: runs real web or task-queue workers (gunicorn, uvicorn, Celery); "
         "`make test-newest` leaves these out: they test the workers, not Django",
     )
+    config.addinivalue_line(
+        "markers",
+        "strength: a strength test, many processes contending for a store; `make "
+        "test-newest` leaves these out: they test the stores, not Django",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

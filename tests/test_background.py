@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -150,3 +151,52 @@ def test_the_writers_write_before_a_database_is_dropped() -> None:
     about_to_drop = SimpleNamespace(alias=NO_DB_ALIAS, settings_dict={"ENGINE": "nowhere"})
     _close_before_a_database_is_dropped(sender=None, connection=about_to_drop)
     assert written == [1, 2]
+
+
+@contextmanager
+def history_table_away() -> Iterator[Callable[[], None]]:
+    """``djlocks_event`` renamed away (every event write fails as if it were missing)
+    until the test calls what it is given, or the block ends."""
+    events.flush(10)  # earlier tests' events: not this test's
+    table = LockEvent._meta.db_table
+    moves = [(table, f"{table}_away"), (f"{table}_away", table)]
+
+    def move_back() -> None:
+        if moves:
+            with connection.schema_editor() as editor:
+                editor.alter_db_table(LockEvent, *moves.pop())
+
+    with connection.schema_editor() as editor:
+        editor.alter_db_table(LockEvent, *moves.pop(0))
+    try:
+        yield move_back
+    finally:
+        move_back()
+
+
+def test_a_failed_background_write_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The table is back before the retry: the events are written, nothing is logged."""
+    monkeypatch.setattr("djlocks.events.RETRY_PAUSES", (1.0,))
+    with history_table_away() as move_back:
+        release_in_a_thread("hw:retried").join(30)
+        time.sleep(0.5)  # the first write (after background.LINGER) failed
+        move_back()
+        assert events.flush(10)
+    kinds = sorted(LockEvent.objects.filter(name="hw:retried").values_list("kind", flat=True))
+    assert kinds == ["acquired", "released"], "the batch was dropped at its first failure"
+    assert not [r for r in caplog.records if r.name == "djlocks.events"]
+
+
+def test_events_that_cannot_be_written_are_dropped_with_the_fix_in_the_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("djlocks.events.RETRY_PAUSES", (0.05,))
+    with history_table_away():
+        release_in_a_thread("hw:dropped").join(30)
+        assert events.flush(10)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "djlocks.events"]
+    assert warning.startswith("2 event(s) of hw:dropped not recorded")
+    assert "run `manage.py migrate djlocks`" in warning
+    assert not LockEvent.objects.filter(name="hw:dropped").exists()

@@ -265,6 +265,7 @@ def test_sets_taken_in_opposite_orders_never_deadlock(backend: str) -> None:
     assert sorted(done) == ["order:x", "order:y"], "a thread is still waiting"
 
 
+@pytest.mark.strength
 @shared
 def test_the_strength_test_of_many_names_at_once_holds_its_oracles(backend: str) -> None:
     """Processes take two of four names together, at random: one holder per name at a

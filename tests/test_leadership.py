@@ -246,6 +246,7 @@ def test_the_session_backend_shows_standbys_in_line() -> None:
         first.stop()
 
 
+@pytest.mark.strength
 @pytest.mark.parametrize("backend", ELECTING)
 def test_the_strength_test_of_leader_election_holds_its_oracles(backend: str) -> None:
     """Four processes win, lead for one increment and step down, one dying as the leader

@@ -104,6 +104,7 @@ def test_bad_arguments_are_refused() -> None:
         db_rwlock("x" * 250)
 
 
+@pytest.mark.strength
 @pytest.mark.parametrize("backend", RW_BACKENDS)
 def test_the_strength_test_of_readers_and_writers_holds_its_oracles(backend: str) -> None:
     """Processes read or write at random: never a writer with anyone else, no lost
