@@ -31,6 +31,7 @@ from django.utils import timezone
 from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.dedicated import DedicatedConnections, RecordWriting
+from djlocks.backends.driver import psycopg3_in_use
 from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.kinds import Kind
@@ -302,11 +303,7 @@ def _table_missing(connections: DedicatedConnections) -> bool:
 def _copies(db: BaseDatabaseWrapper) -> bool:
     """Whether ``db`` can take rows with ``COPY``: PostgreSQL through psycopg 3 (Django
     also runs on psycopg2, whose cursors copy otherwise)."""
-    if db.vendor != "postgresql":
-        return False
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    return bool(is_psycopg3)
+    return db.vendor == "postgresql" and psycopg3_in_use()
 
 
 def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:

@@ -8,8 +8,10 @@ are in test_redis_backend.py and E009 in test_session_backends.py (PgBouncer).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -327,3 +329,54 @@ def test_get_lock_on_galera_is_an_error() -> None:
         server.stop()
     assert "djlocks.E007" in report, report
     assert "djlocks.W001" not in report and "djlocks.W003" not in report, report
+
+
+#: A process in which Django finds only psycopg2 (psycopg 3 cannot be imported): the
+#: system checks of the database, then an acquire on each backend; prints what each did.
+THROUGH_PSYCOPG2 = """
+import json, sys
+sys.modules["psycopg"] = None
+from djlocks.stress import pin_database_names
+pin_database_names(json.loads(sys.argv[1]))
+import django
+django.setup()
+from django.core.checks import run_checks
+from djlocks import db_lock
+from djlocks.exceptions import BackendUnavailable
+outcome = {"checks": [m.id + " " + m.msg for m in run_checks(databases=["default"])]}
+for backend in ("default", "session", "row"):
+    try:
+        with db_lock("psycopg2:refused", timeout=1, backend=backend) as grant:
+            outcome[backend] = f"granted fence {grant.fence}"
+    except BackendUnavailable as exc:
+        outcome[backend] = str(exc)
+print(json.dumps(outcome))
+"""
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: PostgreSQL's drivers (the postgresql run)",
+)
+@pytest.mark.django_db(transaction=True)
+def test_postgresql_through_psycopg2_is_refused_with_what_to_install() -> None:
+    """E015, and ``BackendUnavailable`` at the first acquire, for the lease and advisory-lock
+    backends, which need psycopg 3; the row backend works through psycopg2."""
+    done = subprocess.run(
+        [sys.executable, "-c", THROUGH_PSYCOPG2, json.dumps(current_database_names())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.splitlines()[-1])
+    refusals = sorted(c for c in outcome["checks"] if c.startswith("djlocks.E015"))
+    assert refusals == [
+        f"djlocks.E015 djlocks backend {alias!r} needs psycopg 3 on PostgreSQL, but Django "
+        f"talks to database 'default' through psycopg2."
+        for alias in ("default", "session")
+    ], outcome["checks"]
+    for alias in ("default", "session"):
+        assert outcome[alias].startswith(f"djlocks backend {alias!r} needs psycopg 3"), outcome
+        assert "pip install 'djlocks[postgresql]'" in outcome[alias]
+    assert outcome["row"].startswith("granted fence"), outcome

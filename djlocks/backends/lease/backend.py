@@ -24,6 +24,7 @@ from djlocks.backends.base import (
     GrantRecord,
     unknown_database,
 )
+from djlocks.backends.driver import driver_messages
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
 from djlocks.backends.lease.store import SLOTS, WAITERS, earlier
@@ -71,11 +72,12 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         )
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
-        """E005 an unknown database; when Django asks about the database, E014 a read-only
-        server (``primary``); on SQLite, E004 and W007 (``sqlite_checks``)."""
+        """E005 an unknown database; E015 PostgreSQL through psycopg2 (``driver``); when
+        Django asks about the database, E014 a read-only server (``primary``); on SQLite,
+        E004 and W007 (``sqlite_checks``)."""
         from django.db import connections
 
-        problems = unknown_database(self, self.using)
+        problems = unknown_database(self, self.using) or driver_messages(self.alias, self.using)
         if problems:
             return problems
         try:

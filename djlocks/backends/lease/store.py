@@ -22,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.primary import refuse_read_only
 from djlocks.backends.push import PostgresListener
@@ -130,11 +131,12 @@ class LeaseStore(LockBackend):
     @property
     def dialect(self) -> LeaseDialect:
         """This database's SQL fragments; ``BackendUnavailable`` for a database
-        the lease backend does not support."""
+        the lease backend does not support (or reaches through psycopg2: ``driver``)."""
         if self._dialect is None:
             from django.db import connections
 
             vendor = connections[self.using].vendor
+            refuse_psycopg2(self.alias, self.using)
             try:
                 self._dialect = lease_dialect(vendor)
             except ValueError as exc:

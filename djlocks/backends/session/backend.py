@@ -24,6 +24,7 @@ from djlocks.backends.base import (
     GrantRecord,
     unknown_database,
 )
+from djlocks.backends.driver import driver_messages
 from djlocks.backends.primary import read_only_messages
 from djlocks.backends.push import ClosedSockets
 from djlocks.backends.session.claims import SessionClaims
@@ -68,7 +69,8 @@ class SessionBackend(SessionClaims, SessionInspection):
         )
 
     def check(self, databases: Collection[str] | None) -> list[CheckMessage]:
-        """E005 an unknown database; E006 a database of another vendor; and, when
+        """E005 an unknown database; E006 a database of another vendor; E015 PostgreSQL
+        through psycopg2 (``driver``); and, when
         Django asks about the database, the server's own settings (``server_messages``),
         E014 a read-only server (``primary``) and E009 server sessions shared between
         clients by a pooler."""
@@ -85,6 +87,9 @@ class SessionBackend(SessionClaims, SessionInspection):
                     id="djlocks.E006",
                 )
             ]
+        problems = driver_messages(self.alias, self.using)
+        if problems:
+            return problems
         if databases is None or self.using not in databases:
             return []
         messages = self.server_messages(connection) + read_only_messages(self.alias, self.using)

@@ -26,6 +26,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.primary import refuse_read_only
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import ForkSafeLock
@@ -201,6 +202,7 @@ class SessionStore(LockBackend):
 
     def _open(self) -> Session:
         """Open and configure a new dedicated session."""
+        refuse_psycopg2(self.alias, self.using)
         wrapper = DedicatedConnections.new_wrapper(self.using)
         try:
             wrapper.ensure_connection()
