@@ -42,10 +42,18 @@ class BackgroundWriter(Generic[Record]):
 
     ``write(records)`` should log and drop a write that fails; what it raises all
     the same is logged here, and the thread goes on. ``thread_name`` names the thread.
+    ``write_at_once`` (default: ``write``) is what a caller runs itself when the queue
+    is full: one that must not wait long, such as no retries.
     """
 
-    def __init__(self, write: Callable[[list[Record]], None], thread_name: str) -> None:
+    def __init__(
+        self,
+        write: Callable[[list[Record]], None],
+        thread_name: str,
+        write_at_once: Callable[[list[Record]], object] | None = None,
+    ) -> None:
         self._write = write
+        self._write_at_once = write_at_once or write
         self._thread_name = thread_name
         self.forget_the_parent()
 
@@ -78,7 +86,7 @@ class BackgroundWriter(Generic[Record]):
                     )
                     self._thread.start()
         if overflow:
-            self._write(records)
+            self._write_at_once(records)
 
     def flush(self, timeout: float = EXIT_WAIT) -> bool:
         """Wait up to ``timeout`` seconds until every record submitted so far is written;
@@ -113,10 +121,14 @@ class BackgroundWriter(Generic[Record]):
                     self._changed.notify_all()
 
 
-def start(write: Callable[[list[Record]], None], thread_name: str) -> BackgroundWriter[Record]:
-    """A writer for this process that renews itself in forked children and is flushed
-    at interpreter exit (for at most ``EXIT_WAIT`` seconds)."""
-    writer: BackgroundWriter[Record] = BackgroundWriter(write, thread_name)
+def start(
+    write: Callable[[list[Record]], None],
+    thread_name: str,
+    write_at_once: Callable[[list[Record]], object] | None = None,
+) -> BackgroundWriter[Record]:
+    """A writer for this process (see ``BackgroundWriter``) that renews itself in forked
+    children and is flushed at interpreter exit (for at most ``EXIT_WAIT`` seconds)."""
+    writer: BackgroundWriter[Record] = BackgroundWriter(write, thread_name, write_at_once)
     os.register_at_fork(after_in_child=writer.forget_the_parent)
     atexit.register(writer.flush)
     _started.append(writer)

@@ -11,7 +11,9 @@ cannot use (every database backend); E007 GET_LOCK under Galera, W001
 statement-based binary logging (GET_LOCK); E009 a pooler that shares server sessions (session
 backends); W002 row locks on SQLite, W003 ``innodb_rollback_on_timeout`` (row); E008
 a cache that is not django-redis, W004 an eviction policy that may drop leases, W005
-a Redis that cannot be reached, W008 fewer replicas than ``wait_replicas`` (Redis).
+a Redis that cannot be reached, W008 fewer replicas than ``wait_replicas`` (Redis);
+E014 a read-only database (every database backend); E015 PostgreSQL through psycopg2
+(lease, advisory locks).
 Each id has a section in the troubleshooting page of the docs.
 """
 

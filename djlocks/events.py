@@ -3,9 +3,10 @@
 Events are written on a connection djlocks owns (``DedicatedConnections``), so
 a caller's rollback cannot erase them and a caller's broken transaction
 cannot break a release. A write that fails is logged on ``djlocks.events``
-and dropped: history is an aid to operators, never a reason to fail a lock
-operation. A grant's ``acquired`` and end events are written together, in
-one write, when the grant ends.
+and dropped (the background writer's, once tried again: ``_write_in_background``):
+history is an aid to operators, never a reason to fail a lock operation. A
+grant's ``acquired`` and end events are written together, in one write, when
+the grant ends.
 
 The events of every grant and wait (released, timed out, cancelled) are handed
 to the process's background writer (``djlocks.background``) unless
@@ -24,13 +25,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError
+from django.db import DatabaseError, ProgrammingError
+from django.db import connections as db_connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
-from djlocks.backends.dedicated import DedicatedConnections, RecordWriting
+from djlocks.backends.dedicated import RecordWriting
 from djlocks.backends.driver import psycopg3_in_use
 from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings
@@ -57,7 +59,9 @@ class EventLog:
 
     def __init__(self) -> None:
         self._connections = RecordWriting()
-        self._writer = background.start(self._write_in_background, "djlocks-history")
+        self._writer = background.start(
+            self._write_in_background, "djlocks-history", write_at_once=self._write
+        )
 
     # -- what happened --------------------------------------------------------
 
@@ -179,34 +183,40 @@ class EventLog:
 
     def _write_in_background(self, events: list[NewEvent]) -> None:
         """The background writer's write: a batch that fails is tried again after each of
-        ``RETRY_PAUSES`` (seconds) before it is dropped, so that a database busy or gone
-        for a moment (SQLite's lock held by a test's flush, a restart, a fail-over)
-        loses nothing."""
+        ``RETRY_PAUSES`` (seconds), from its first row not yet committed, before it is
+        dropped; so a database locked or unreachable for a moment (SQLite's lock held by
+        a test's flush, a quick restart) loses nothing. Not once the history's database
+        is another (a test run's database is replaced by the real one as it ends)."""
+        left, target = list(events), _history_database()
         for pause in RETRY_PAUSES:
-            if self._write(events, warn=False):
+            if self._write(left, warn=False):
                 return
             time.sleep(pause)
-        self._write(events)
+            if _history_database() != target:
+                events_log.debug("%s event(s) not recorded: the database is another", len(left))
+                return
+        self._write(left)
 
     def _write(self, events: list[NewEvent], *, warn: bool = True) -> bool:
         """Insert ``events`` now, as few statements as the database allows; ``False`` if
-        that failed (logged on ``djlocks.events`` if ``warn``)."""
+        that failed (logged on ``djlocks.events``: as a warning if ``warn``, the last try,
+        else at debug level). ``events`` loses each row as it is committed."""
         connections = self._connections[djlocks_settings()["EVENTS_DATABASE"]]
         try:
             _insert(connections.get(), events)
             return True
         except DatabaseError as exc:
             connections.discard()
-            if warn:
-                events_log.warning(
-                    "%s event(s) of %s not recorded (%s)%s",
-                    len(events),
-                    events[0]["name"],
-                    exc,
-                    "; run `manage.py migrate djlocks`, or set DJLOCKS['EVENTS'] = False"
-                    if _table_missing(connections)
-                    else "",
-                )
+            events_log.log(
+                logging.WARNING if warn else logging.DEBUG,
+                "%s event(s) of %s not recorded (%s)%s",
+                len(events),
+                events[0]["name"],
+                exc,
+                "; run `manage.py migrate djlocks`, or set DJLOCKS['EVENTS'] = False"
+                if _is_missing_table(exc)
+                else "",
+            )
             return False
 
     def sweep(self) -> int:
@@ -263,7 +273,8 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
     """Write ``events`` to ``db``, values prepared by the model's fields for its vendor
     (the model's defaults where an event sets none): on PostgreSQL with one ``COPY``
     (``sql.postgresql.copy_rows``), elsewhere with multi-row ``INSERT`` statements, as
-    many rows in each as the database takes (``bulk_batch_size``)."""
+    many rows in each as the database takes (``bulk_batch_size``), each committed on
+    its own. ``events`` loses each row as it is committed."""
     from djlocks.models import LockEvent
 
     fields = [f for f in LockEvent._meta.concrete_fields if not f.primary_key and f.column]
@@ -277,6 +288,7 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
     with db.cursor() as cursor, db.wrap_database_errors:
         if _copies(db):
             postgresql.copy_rows(cursor.cursor, table, columns, rows)
+            events.clear()
             return
         placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
         per_statement = max(1, db.ops.bulk_batch_size(fields, rows))
@@ -287,17 +299,19 @@ def _insert(db: BaseDatabaseWrapper, events: list[NewEvent]) -> None:
                 f"VALUES {', '.join([placeholders] * len(chunk))}",
                 [value for row in chunk for value in row],
             )
+            del events[: len(chunk)]  # committed (autocommit): never written twice
 
 
-def _table_missing(connections: DedicatedConnections) -> bool:
-    """Whether the database has no ``LockEvent`` table (``False`` if it cannot be asked)."""
-    from djlocks.models import LockEvent
+def _is_missing_table(exc: DatabaseError) -> bool:
+    """Whether ``exc`` may say that a table is missing: PostgreSQL's and MySQL's
+    ``ProgrammingError``, SQLite's "no such table"."""
+    return isinstance(exc, ProgrammingError) or "no such table" in str(exc)
 
-    try:
-        return LockEvent._meta.db_table not in connections.get().introspection.table_names()
-    except DatabaseError:
-        connections.discard()
-        return False
+
+def _history_database() -> tuple[str, object]:
+    """The alias the history is written to, and the name of its database now."""
+    alias = djlocks_settings()["EVENTS_DATABASE"]
+    return alias, db_connections.settings[alias].get("NAME")
 
 
 def _copies(db: BaseDatabaseWrapper) -> bool:

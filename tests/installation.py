@@ -348,7 +348,7 @@ def run(command: list[str], *, quiet: bool = False, refuse: str = "", **options:
     if done.returncode != 0 or (refuse and refuse in done.stdout + done.stderr):
         raise AssertionError(
             f"{' '.join(command)} exited {done.returncode}"
-            + (f" and printed {refuse!r}" if refuse else "")
+            + (f" and printed {refuse!r}" if refuse and refuse in done.stdout + done.stderr else "")
             + f"\n{done.stdout}\n{done.stderr}"
         )
     if not quiet and done.stderr.strip():

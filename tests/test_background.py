@@ -4,6 +4,7 @@ writes what it handed over before it exits, and a bad setting is refused."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,12 +16,13 @@ import pytest
 from django.core.checks import run_checks
 from django.db import connection, connections
 from django.db.backends.base.base import NO_DB_ALIAS
+from django.utils import timezone
 
 from djlocks import background, db_lock
 from djlocks.backends.dedicated import _close_before_a_database_is_dropped
 from djlocks.background import BackgroundWriter
 from djlocks.conf import SYNCHRONOUS
-from djlocks.events import events
+from djlocks.events import _event, events
 from djlocks.models import LockEvent
 from tests.workers import ENDS_LIKE_A_PROGRAM, start_worker, take_and_release
 
@@ -186,7 +188,7 @@ def test_a_failed_background_write_is_tried_again(
         assert events.flush(10)
     kinds = sorted(LockEvent.objects.filter(name="hw:retried").values_list("kind", flat=True))
     assert kinds == ["acquired", "released"], "the batch was dropped at its first failure"
-    assert not [r for r in caplog.records if r.name == "djlocks.events"]
+    assert not warnings_of(caplog)
 
 
 def test_events_that_cannot_be_written_are_dropped_with_the_fix_in_the_warning(
@@ -196,7 +198,25 @@ def test_events_that_cannot_be_written_are_dropped_with_the_fix_in_the_warning(
     with history_table_away():
         release_in_a_thread("hw:dropped").join(30)
         assert events.flush(10)
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "djlocks.events"]
+    (warning,) = warnings_of(caplog)
     assert warning.startswith("2 event(s) of hw:dropped not recorded")
     assert "run `manage.py migrate djlocks`" in warning
     assert not LockEvent.objects.filter(name="hw:dropped").exists()
+
+
+def test_an_event_the_table_refuses_is_dropped_with_no_advice_to_migrate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events.record([_event(at=timezone.now(), kind=None, backend="default", name="hw:refused")])
+    (warning,) = warnings_of(caplog)
+    assert warning.startswith("1 event(s) of hw:refused not recorded")
+    assert "migrate" not in warning, "the table is there: migrating would not help"
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The warnings (and worse) the history logged."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "djlocks.events" and r.levelno >= logging.WARNING
+    ]

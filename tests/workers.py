@@ -23,7 +23,10 @@ from tests.faults import TcpProxy
 #: Workers are forked from a server process that has imported Django, the database
 #: and Redis clients and djlocks once (``forkserver``), not started as new interpreters
 #: (``spawn``): each starts in about 0.1 s, not 0.6 s. Neither inherits the parent's
-#: threads, connections or configured Django; each calls ``django.setup()`` itself.
+#: threads, connections or configured Django; each calls ``django.setup()`` itself,
+#: with the environment ``start_worker`` passes. A preloaded module that reads the
+#: environment when imported (psycopg's PSYCOPG_IMPL) keeps the forkserver's: the
+#: test process's as it was when its first worker started.
 CONTEXT = multiprocessing.get_context("forkserver")
 CONTEXT.set_forkserver_preload(
     ["django.db", "django.contrib.admin", "psycopg", "MySQLdb", "django_redis", "djlocks"]

@@ -138,6 +138,8 @@ class Command(BaseCommand):
             supervisor = Supervisor(plan, report=sys.stderr)
         except (ValueError, TypeError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        except BackendUnavailable as exc:  # a backend that cannot be used here at all
+            raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
         try:
             status = supervisor.run()
         except (BackendUnavailable, ImproperlyConfigured) as exc:
