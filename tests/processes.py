@@ -42,8 +42,12 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:  # it died, and was reaped, since the signal
+        return False
     # A zombie (dead, not yet reaped by its parent) counts as dead.
-    return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    return "zombie" not in status.lower()
 
 
 def wait_until_dead(pid: int, timeout: float) -> None:
