@@ -43,7 +43,7 @@ class BackgroundWriter(Generic[Record]):
     ``write(records)`` should log and drop a write that fails; what it raises all
     the same is logged here, and the thread goes on. ``thread_name`` names the thread.
     ``write_at_once`` (default: ``write``) is what a caller runs itself when the queue
-    is full: one that must not wait long, such as no retries.
+    is full: it should not keep the caller waiting (no pauses between retries).
     """
 
     def __init__(
