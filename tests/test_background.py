@@ -24,7 +24,7 @@ from djlocks.background import BackgroundWriter
 from djlocks.conf import SYNCHRONOUS
 from djlocks.events import _event, events
 from djlocks.models import LockEvent
-from tests.workers import start_worker, take_and_release
+from tests.workers import ENDS_LIKE_A_PROGRAM, start_worker, take_and_release
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 SQLITE = connection.vendor == "sqlite"
@@ -105,7 +105,7 @@ def test_synchronous_history_is_written_before_the_release_returns(
 
 
 def test_a_process_writes_its_history_before_it_exits() -> None:
-    worker = start_worker(take_and_release, "hw:exit", 200)
+    worker = start_worker(take_and_release, "hw:exit", 200, context=ENDS_LIKE_A_PROGRAM)
     worker.join(60)
     assert worker.exitcode == 0
     released = LockEvent.objects.filter(name="hw:exit", kind="released").count()

@@ -1,7 +1,7 @@
 """Fault catalogue items for the lease backends (rows in the database,
 keys in Redis), with real processes.
 
-Workers are spawned (tests/workers.py) and talk to the same real test database
+Workers are started (tests/workers.py) and talk to the same real test database
 and Redis.
 """
 
