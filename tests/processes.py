@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Collection
@@ -35,6 +37,13 @@ def wait_for_file(path: Path, timeout: float = 20) -> str:
         assert time.monotonic() < deadline, f"{path} was never written"
         time.sleep(0.02)
     return path.read_text().strip()
+
+
+def resume(pid: int) -> None:
+    """SIGCONT to a paused process, if it still exists: a test's cleanup resumes a worker
+    that may have ended, and the forkserver reaps a worker the moment it ends."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
 
 
 def alive(pid: int) -> bool:

@@ -17,6 +17,7 @@ import pytest
 
 from djlocks import NotAcquired, db_locks, db_rwlock
 from djlocks.backends import backends
+from tests.processes import resume
 from tests.test_reliability import BACKENDS, LEASES, NETWORKED
 from tests.test_rwlock import RW_BACKENDS
 from tests.workers import (
@@ -160,7 +161,7 @@ def test_a_holder_paused_past_its_ttl_is_passed_and_told_when_it_resumes(
             os.kill(pid, signal.SIGCONT)
             what, reason, at = report.get(timeout=10)
     finally:
-        os.kill(pid, signal.SIGCONT)
+        resume(pid)
         holder.kill()
         holder.join(10)
     assert what == "lost", reason

@@ -4,7 +4,6 @@ leader that died or was paused."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import signal
@@ -22,6 +21,7 @@ from djlocks.inspection import force_release
 from djlocks.leadership import STEPPED_DOWN, Leadership, elected_name, election_name
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
+from tests.processes import resume
 from tests.test_reliability import BACKENDS, FORCEABLE, LEASES, NETWORKED
 from tests.workers import CONTEXT, campaign, check_cut_off_bounds, proxied_worker, start_worker
 
@@ -176,8 +176,7 @@ def test_a_paused_leader_is_replaced_learns_it_was_deposed_and_its_term_is_refus
             assert new.check() == new.term
         assert counter.get().value == 1
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        resume(pid)
         worker.kill()
         worker.join(10)
     assert learned < LEADER_TTL / 3 + 0.3, learned

@@ -21,7 +21,7 @@ from django.db import connection
 from djlocks import Lock, Semaphore, db_lock
 from djlocks.backends import backends
 from djlocks.stress import StressPlan, run_stress
-from tests.processes import finished, runlocked
+from tests.processes import finished, resume, runlocked
 from tests.test_reliability import LEASES
 from tests.workers import CONTEXT, start_worker
 
@@ -98,7 +98,7 @@ def test_paused_holder_is_fenced_and_its_late_release_fails(backend: str) -> Non
             assert outcome[0] == "lost", outcome
             grant.check()  # the late release did not free the new holder's grant
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        resume(worker.pid)
         worker.join(10)
 
 

@@ -30,6 +30,7 @@ from djlocks.grant import Grant
 from djlocks.inspection import force_release
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
+from tests.processes import resume
 from tests.test_session_backends import kill_session
 from tests.workers import (
     CONTEXT,
@@ -418,6 +419,6 @@ def _resumed_holder_learns(
         assert learned < PAUSE_TTL / 3 + 0.3, learned
         bounds(f"paused holder learns it lost after it resumes (TTL {PAUSE_TTL} s)", learned)
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        resume(worker.pid)
         worker.kill()
         worker.join(10)

@@ -38,7 +38,7 @@ from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
 from tests.faults import PgBouncer, TcpProxy
-from tests.processes import advisory_lock_process, manage
+from tests.processes import advisory_lock_process, manage, resume
 from tests.workers import (
     CONTEXT,
     acquired_in_another_thread,
@@ -122,7 +122,7 @@ def test_a_paused_holder_keeps_its_lock_until_the_server_kills_its_session() -> 
             assert state == "lost", said
             grant.check()  # the woken holder's release freed nothing of ours
     finally:
-        os.kill(worker.pid, signal.SIGCONT)
+        resume(worker.pid)
         go.set()
         worker.join(20)
 
