@@ -30,12 +30,13 @@ from djlocks.backends.sql.postgresql import ADVISORY_HELD, LOCK_KEY
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import LockDeadlock, NotHeld
 from djlocks.inspection import force_release
-from djlocks.keys import advisory_key
+from djlocks.keys import advisory_key, table_key
 from djlocks.models import LockEvent
 from djlocks.stress import StressPlan, run_stress
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy, free_port
 from tests.processes import advisory_lock_process
+from tests.test_contract import held_in_another_thread
 from tests.workers import CONTEXT, hold_then_report, start_worker
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(240)]
@@ -110,6 +111,26 @@ def test_the_row_stays_locked_until_the_callers_transaction_commits() -> None:
         assert not try_elsewhere(), "the with block ended, the transaction did not"
         assert backends[ROW].holders("r:job")[0].fence == grant.fence
     assert try_elsewhere(), "free once the transaction committed"
+
+
+@servers_only
+def test_a_full_semaphore_makes_no_other_name_look_busy() -> None:
+    """Trying a semaphore whose slots are all held locks no row but its own: on InnoDB
+    a range scan would lock the next record of the index, another name's row, until
+    the trying transaction ends."""
+    full = "r:full"
+    after = next(  # a lock whose row comes right after the semaphore's in the index
+        name for name in (f"r:after-{n}" for n in range(100)) if table_key(name) > table_key(full)
+    )
+    with lock(after):
+        pass
+    with (
+        held_in_another_thread(full, ROW, limit=2, ttl=3),
+        held_in_another_thread(full, ROW, limit=2, ttl=3),
+        transaction.atomic(),
+    ):
+        assert not Semaphore(full, limit=2, backend=ROW, ttl=3).acquire(timeout=0)
+        assert try_elsewhere(after), "the next name looks busy: its row was locked too"
 
 
 def test_outside_a_transaction_the_with_block_is_the_transaction() -> None:

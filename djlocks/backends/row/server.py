@@ -57,15 +57,15 @@ class ServerRowDialect(RowDialect):
 
         Slots in ``taken`` are skipped too (this transaction's own, see ``RowLockBackend``).
         """
-        skipped = "".join(f" AND slot <> {int(slot)}" for slot in sorted(taken))
-        # A lock's one row by equality: a range scan on InnoDB also locks the next
-        # record of the index, another name's row, which then looks busy (and two
-        # holders of several names could deadlock on it).
-        slots = "slot = 0" if request.limit == 1 else "slot < %s"
+        # Each slot's row by equality, never a range: on InnoDB a range scan also locks
+        # the next record of the index, another name's row, which then looks busy (two
+        # holders of several names could deadlock on it), and which an insert of this
+        # name's rows, gone after a sweep, would wait for until innodb_lock_wait_timeout.
+        slots = ", ".join(str(slot) for slot in range(request.limit) if slot not in taken)
         cursor.execute(
             f"SELECT slot, {self.CONNECTION_ID} FROM djlocks_row_lock WHERE name_key = %s "
-            f"AND {slots}{skipped} ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
-            (table_key(request.name), *(() if request.limit == 1 else (request.limit,))),
+            f"AND slot IN ({slots}) ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED",
+            (table_key(request.name),),
         )
         row = cursor.fetchone()
         return None if row is None else Claim(*row)
