@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, ProgrammingError
+from django.db import DatabaseError
 from django.db import connections as db_connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
@@ -35,6 +35,7 @@ from djlocks import background
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.dedicated import RecordWriting
 from djlocks.backends.driver import psycopg3_in_use
+from djlocks.backends.missing_table import MIGRATE, is_missing_table
 from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings
 from djlocks.kinds import Kind
@@ -214,8 +215,8 @@ class EventLog:
                 len(events),
                 events[0]["name"],
                 exc,
-                "; run `manage.py migrate djlocks`, or set DJLOCKS['EVENTS'] = False"
-                if _is_missing_table(exc)
+                f"; run `{MIGRATE}`, or set DJLOCKS['EVENTS'] = False"
+                if is_missing_table(exc)
                 else "",
             )
             return False
@@ -327,12 +328,6 @@ def _prepared_rows(
             row.append(prepared[key])
         rows.append(row)
     return rows
-
-
-def _is_missing_table(exc: DatabaseError) -> bool:
-    """Whether ``exc`` may say that a table is missing: PostgreSQL's and MySQL's
-    ``ProgrammingError``, SQLite's "no such table"."""
-    return isinstance(exc, ProgrammingError) or "no such table" in str(exc)
 
 
 def _history_database() -> tuple[str, object]:

@@ -13,6 +13,7 @@ from django.db import connection
 from djlocks import AlreadyHeld, Lock, LockLost, NotAcquired, NotHeld, db_lock, db_semaphore
 from djlocks.backends import backends
 from djlocks.backends.lease.wakeups import HostWakeups
+from djlocks.exceptions import BackendUnavailable
 from djlocks.signals import lock_lost
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -262,3 +263,20 @@ def _end_the_wake_up_session() -> int:
         for session in sleepers:
             cursor.execute("KILL CONNECTION %s", (session,))
         return len(sleepers)
+
+
+def test_a_missing_table_is_unavailable_with_what_to_run() -> None:
+    """A database whose djlocks migrations were not applied: the acquire says to run
+    them (the store's error alone names a table, not the fix)."""
+    from djlocks.models import LeaseSlot
+
+    table = LeaseSlot._meta.db_table
+    with connection.schema_editor() as editor:
+        editor.alter_db_table(LeaseSlot, table, f"{table}_away")
+    try:
+        with pytest.raises(BackendUnavailable) as refused, db_lock("contract:unmigrated"):
+            pass
+    finally:
+        with connection.schema_editor() as editor:
+            editor.alter_db_table(LeaseSlot, f"{table}_away", table)
+    assert "A djlocks table is missing: run `manage.py migrate djlocks`." in str(refused.value)

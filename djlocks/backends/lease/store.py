@@ -17,13 +17,14 @@ from contextlib import closing, contextmanager, suppress
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, IntegrityError, ProgrammingError
+from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.lease.wakeups import HostWakeups
+from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
 from djlocks.backends.push import PostgresListener
 from djlocks.backends.sql import database_now, lease_dialect
@@ -172,14 +173,9 @@ class LeaseStore(LockBackend):
                 if reconnects:
                     reconnects -= 1
                     continue
-                hint = (
-                    " Have the djlocks migrations been applied (manage.py migrate djlocks)?"
-                    if isinstance(exc, ProgrammingError)
-                    else ""
-                )
                 raise BackendUnavailable(
                     f"djlocks backend {self.alias!r} could not use database "
-                    f"{self.using!r}: {exc}.{hint}"
+                    f"{self.using!r}: {exc}.{missing_table_hint(exc)}"
                 ) from exc
 
     @staticmethod

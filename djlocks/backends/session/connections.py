@@ -27,6 +27,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.driver import refuse_psycopg2
+from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import ForkSafeLock
@@ -216,15 +217,9 @@ class SessionStore(LockBackend):
         except DatabaseError as exc:
             with contextlib.suppress(Exception):
                 wrapper.close()
-            missing = (
-                " A djlocks table is missing: run `manage.py migrate djlocks`."
-                if "djlocks_" in str(exc)
-                and ("doesn't exist" in str(exc) or "does not exist" in str(exc))
-                else ""
-            )
             raise BackendUnavailable(
                 f"djlocks backend {self.alias!r} could not open a session on database "
-                f"{self.using!r}: {exc}.{missing}"
+                f"{self.using!r}: {exc}.{missing_table_hint(exc)}"
             ) from exc
         return session
 
