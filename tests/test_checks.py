@@ -380,3 +380,31 @@ def test_postgresql_through_psycopg2_is_refused_with_what_to_install() -> None:
         assert outcome[alias].startswith(f"djlocks backend {alias!r} needs psycopg 3"), outcome
         assert "pip install 'djlocks[postgresql]'" in outcome[alias]
     assert outcome["row"].startswith("granted fence"), outcome
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="not applicable: PostgreSQL's drivers (the postgresql run)",
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("backend", "options"),
+    [("default", ["--standby"]), ("session", [])],
+    ids=["refused-as-it-is-set-up", "refused-at-the-acquire"],
+)
+def test_runlocked_through_psycopg2_exits_unavailable_with_what_to_install(
+    backend: str, options: list[str]
+) -> None:
+    """A backend refused as runlocked sets it up (``--standby`` asks the lease backend
+    what it can hold) or at the acquire: exit status 69 with the reason, never a
+    traceback."""
+    hidden = "import sys; sys.modules['psycopg'] = None; import djlocks.stress as s; s.manage()"
+    done = subprocess.run(
+        [sys.executable, "-c", hidden, json.dumps(current_database_names()), "runlocked",
+         "psycopg2:refused", *options, "--backend", backend, "--", "true"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 69, done.stderr[-3000:]
+    assert f"djlocks backend {backend!r} needs psycopg 3" in done.stderr, done.stderr
+    assert "pip install 'djlocks[postgresql]'" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
