@@ -181,6 +181,7 @@ def test_a_failed_background_write_is_tried_again(
 ) -> None:
     """The table is back before the retry: the events are written, nothing is logged."""
     monkeypatch.setattr("djlocks.events.RETRY_PAUSES", (1.0,))
+    monkeypatch.setattr("djlocks.background.LINGER", 0.05)
     with history_table_away() as move_back:
         release_in_a_thread("hw:retried").join(30)
         time.sleep(0.5)  # the first write (after background.LINGER) failed
