@@ -156,6 +156,9 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
     lines = section(
         "Contended lock on the databases",
         "8 processes, each acquire -> read a counter row -> write it + 1 -> release. "
+        "Each contender runs 3 times, the runs of all contenders interleaved; its run of "
+        "median ops/s is shown, with the lost updates and overlaps of all 3 added up and "
+        "the most barging. "
         "`vs raw`: ops/s over the raw primitive's (GET_LOCK, pg_advisory_lock) in the same run.",
         "| database | contender | ops/s | vs raw | lost updates | overlaps "
         "| hand-off p50 / p99 | barging | wait p99 / max |",
@@ -173,7 +176,8 @@ def render_contended(runs: list[dict[str, Any]]) -> list[str]:
             )
     lines += section(
         "Semaphore on the databases",
-        "Limit 3, 8 processes, 5 ms hold; the ideal is 600 ops/s. The peer is the server's "
+        "Limit 3, 8 processes, 5 ms hold; the ideal is 600 ops/s; each contender's run of "
+        "median ops/s of 3, interleaved as above. The peer is the server's "
         "own lock on 3 slot keys tried in turn, sleeping 2 ms between rounds. "
         "`lone ceiling`: the share of the ideal if each slot went to the next holder at "
         "once, from one process running the same cycle (acquire, read, 5 ms, write, "
