@@ -350,6 +350,13 @@ for backend in ("default", "session", "row"):
             outcome[backend] = f"granted fence {grant.fence}"
     except BackendUnavailable as exc:
         outcome[backend] = str(exc)
+from django.db import DatabaseError, connection
+from djlocks.backends.missing_table import is_missing_table
+try:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM djlocks_no_such_table")
+except DatabaseError as exc:
+    outcome["missing table"] = is_missing_table(exc)
 print(json.dumps(outcome))
 """
 
@@ -361,7 +368,8 @@ print(json.dumps(outcome))
 @pytest.mark.django_db(transaction=True)
 def test_postgresql_through_psycopg2_is_refused_with_what_to_install() -> None:
     """E015, and ``BackendUnavailable`` at the first acquire, for the lease and advisory-lock
-    backends, which need psycopg 3; the row backend works through psycopg2."""
+    backends, which need psycopg 3; the row backend works through psycopg2, and so does
+    the history (a missing table is told apart, for the advice to migrate)."""
     done = subprocess.run(
         [sys.executable, "-c", THROUGH_PSYCOPG2, json.dumps(current_database_names())],
         capture_output=True,
@@ -380,6 +388,7 @@ def test_postgresql_through_psycopg2_is_refused_with_what_to_install() -> None:
         assert outcome[alias].startswith(f"djlocks backend {alias!r} needs psycopg 3"), outcome
         assert "pip install 'djlocks[postgresql]'" in outcome[alias]
     assert outcome["row"].startswith("granted fence"), outcome
+    assert outcome["missing table"] is True, "psycopg2's error for a missing table is told apart"
 
 
 @pytest.mark.skipif(

@@ -25,6 +25,7 @@ from djlocks.backends.base import (
     unknown_database,
 )
 from djlocks.backends.driver import driver_messages
+from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import read_only_messages
 from djlocks.backends.push import ClosedSockets
 from djlocks.backends.session.claims import SessionClaims
@@ -134,7 +135,8 @@ class SessionBackend(SessionClaims, SessionInspection):
             if abort and abort.is_set():
                 return None
             raise BackendUnavailable(
-                f"djlocks backend {self.alias!r} failed while acquiring {request.name!r}: {exc}"
+                f"djlocks backend {self.alias!r} failed while acquiring {request.name!r}: "
+                f"{exc}.{missing_table_hint(exc)}"
             ) from exc
         except BaseException:
             self._end(session)
