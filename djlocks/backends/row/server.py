@@ -61,6 +61,8 @@ class ServerRowDialect(RowDialect):
         # the next record of the index, another name's row, which then looks busy (two
         # holders of several names could deadlock on it), and which an insert of this
         # name's rows, gone after a sweep, would wait for until innodb_lock_wait_timeout.
+        # This holds under READ COMMITTED, Django's isolation level on MySQL; under
+        # REPEATABLE READ, InnoDB locks the gap before a missing row even so.
         slots = ", ".join(str(slot) for slot in range(request.limit) if slot not in taken)
         cursor.execute(
             f"SELECT slot, {self.CONNECTION_ID} FROM djlocks_row_lock WHERE name_key = %s "
