@@ -202,6 +202,17 @@ class _GrantOwner(threading.Thread):
             raise self._release_error
 
 
+def _refuse_misconfigured(spec: Lock) -> None:
+    """``BackendUnavailable`` with the backend's configuration errors, its system checks
+    that need no query (an unknown database, a driver it cannot use): a standby waits
+    out a store it cannot reach, and would wait these out forever."""
+    errors = [message for message in spec.backend.check(None) if message.is_serious()]
+    if errors:
+        raise BackendUnavailable(
+            " ".join(f"{error.msg} {error.hint or ''}".strip() for error in errors)
+        )
+
+
 class Supervisor:
     """Acquire, run the command, keep the lease renewed, release; see the module docstring."""
 
@@ -211,6 +222,7 @@ class Supervisor:
         self.spec = plan.spec(on_lost=self._grant_lost)
         if plan.standby:
             refuse_short_holds(self.spec)
+            _refuse_misconfigured(self.spec)
         self._wakeup = _Wakeup()
         self._child: subprocess.Popen[bytes] | None = None
         self._pending_signal: int | None = None  # received while no command ran

@@ -398,15 +398,16 @@ def test_postgresql_through_psycopg2_is_refused_with_what_to_install() -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     ("backend", "options"),
-    [("default", ["--standby"]), ("session", [])],
-    ids=["refused-as-it-is-set-up", "refused-at-the-acquire"],
+    [("default", ["--standby"]), ("session", ["--standby"]), ("session", [])],
+    ids=["lease-standby", "session-standby", "session-at-the-acquire"],
 )
 def test_runlocked_through_psycopg2_exits_unavailable_with_what_to_install(
     backend: str, options: list[str]
 ) -> None:
-    """A backend refused as runlocked sets it up (``--standby`` asks the lease backend
-    what it can hold) or at the acquire: exit status 69 with the reason, never a
-    traceback."""
+    """A backend refused as runlocked sets it up (``--standby`` runs the backend's
+    configuration checks, and asks the lease backend what it can hold: a standby
+    would otherwise wait the refusal out forever) or at the acquire: exit status 69
+    with the reason, never a traceback."""
     hidden = "import sys; sys.modules['psycopg'] = None; import djlocks.stress as s; s.manage()"
     done = subprocess.run(
         [sys.executable, "-c", hidden, json.dumps(current_database_names()), "runlocked",
