@@ -314,7 +314,7 @@ def _prepared_rows(
     """Each event's values in ``fields`` order, prepared for ``db`` by the model's fields
     (``get_db_prep_save``; the field's default where the event sets none). A batch
     repeats most values (one holder's name, host, thread, label; the defaults), so
-    each distinct value of a field is prepared once per batch: a third of the
+    each distinct value of a field is prepared once per batch: a quarter of the
     writer's work on PostgreSQL, measured."""
     defaults = {field.attname: field.get_default() for field in fields}
     prepared: dict[tuple[int, object], Any] = {}

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from django.db import DatabaseError
 
+from djlocks.backends.sql.postgresql import sqlstate
+
 #: What to run when a djlocks table is missing.
 MIGRATE = "manage.py migrate djlocks"
 
@@ -21,9 +23,8 @@ NO_SUCH_TABLE = 1146
 
 def is_missing_table(exc: DatabaseError) -> bool:
     """Whether ``exc`` says that a table does not exist."""
-    cause = exc.__cause__
     return (
-        UNDEFINED_TABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+        sqlstate(exc) == UNDEFINED_TABLE
         or bool(exc.args and exc.args[0] == NO_SUCH_TABLE)
         or "no such table" in str(exc)
     )

@@ -396,8 +396,10 @@ APPLICATION_NAME_LENGTH = 63
 
 
 def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a psycopg error wrapped by Django (``None`` for other errors)."""
-    return getattr(exc.__cause__, "sqlstate", None)
+    """The SQLSTATE of a psycopg error wrapped by Django (psycopg 3's ``sqlstate``,
+    psycopg2's ``pgcode``; ``None`` for other errors)."""
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
 
 
 def lock_timeout(seconds: float | None) -> str:
