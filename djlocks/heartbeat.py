@@ -43,6 +43,9 @@ renew_log = logging.getLogger("djlocks.renew")
 RETRY_AFTER_FAILURE = 0.2
 #: At interpreter exit, how long (seconds) a renewal under way may take to finish.
 EXIT_WAIT = 2.0
+#: How many superseded queue entries (released or re-planned grants) may stay beyond as
+#: many as there are live ones before the queue is rebuilt without them.
+SUPERSEDED_KEPT = 64
 
 
 class Heartbeat:
@@ -129,8 +132,22 @@ class Heartbeat:
         with self._wake:
             self._entries.pop(grant, None)
             unwatch = self._unwatch.pop(grant, None)
+            self._drop_superseded()
         if unwatch is not None:
             unwatch()
+
+    def _drop_superseded(self) -> None:
+        """Rebuild the queue without its superseded entries once they outnumber the live
+        ones (call with the guard held). A released grant's entry would otherwise stay,
+        and keep the grant in memory, until its renewal would have fallen due, TTL/3
+        later: tens of thousands of grants at a high grant rate. Each live grant has
+        one live entry, so the rest are superseded; rebuilding only once they are
+        the majority keeps the cost per release constant."""
+        if len(self._queue) > 2 * len(self._entries) + SUPERSEDED_KEPT:
+            self._queue = [
+                entry for entry in self._queue if self._entries.get(entry[2]) == entry[1]
+            ]
+            heapq.heapify(self._queue)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():

@@ -10,10 +10,12 @@ database would fail them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -313,6 +315,23 @@ def test_renewal_extends_a_live_lease_and_never_reclaims_an_expired_one(
     assert store.holders("renewed") == []
     with pytest.raises(LockLost, match="its lease expired"):
         lock.release()
+
+
+def test_a_released_grant_is_not_kept_until_its_renewal_would_have_been_due(
+    store: LocMemBackend,
+) -> None:
+    """The heartbeat plans each grant's renewal TTL/3 ahead; a release must not leave the
+    grant in that plan (and in memory) until then, or a high grant rate piles them up."""
+    lock = Lock("heartbeat:plan", ttl=600)
+    with lock as grant:
+        pass
+    released = weakref.ref(grant)
+    del grant
+    for _ in range(1000):
+        with lock:
+            pass
+    gc.collect()
+    assert released() is None, "a released grant is still referenced"
 
 
 def test_a_forced_release_is_seen_by_the_holder(store: LocMemBackend) -> None:
