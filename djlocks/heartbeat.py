@@ -24,6 +24,7 @@ import atexit
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -67,6 +68,10 @@ class Heartbeat:
         self._unwatch: dict[Grant, Callable[[], None]] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
+        #: The monotonic time the thread sleeps until: ``math.inf`` until woken,
+        #: ``-math.inf`` while it is awake (it reads the queue before it sleeps again).
+        #: A renewal planned before it needs the thread woken; a later one does not.
+        self._sleeping_until = -math.inf
 
     def stop(self, wait: float = EXIT_WAIT) -> None:
         """Renew nothing more and end the thread, waiting up to ``wait`` seconds for a
@@ -124,7 +129,7 @@ class Heartbeat:
         order = next(self._order)
         self._entries[grant] = order
         heapq.heappush(self._queue, (due, order, grant))
-        if self._queue[0][1] == order:  # due before all others: the thread must re-plan
+        if due < self._sleeping_until:  # the thread would sleep past it: it must re-plan
             self._wake.notify()
 
     def _forget(self, grant: Grant) -> None:
@@ -158,19 +163,28 @@ class Heartbeat:
 
     def _next_due(self) -> tuple[Grant, int] | None:
         """Wait for the next renewal that is due; return its grant and its entry's order,
-        or ``None`` once the heartbeat stops."""
+        or ``None`` once the heartbeat stops.
+
+        A superseded entry (its grant released, or re-planned) is dropped only once it
+        falls due, and the thread sleeps until then as for a live one: dropped at once,
+        it could leave the queue empty and the thread asleep for good, to be woken by
+        the next grant's renewal plan (``_schedule``), which would then cost a wake-up
+        per grant whenever this thread runs late (a busy machine)."""
         with self._wake:
             while not self._stopping:
-                while self._queue and self._entries.get(self._queue[0][2]) != self._queue[0][1]:
-                    heapq.heappop(self._queue)
                 if self._queue:
-                    delay = self._queue[0][0] - time.monotonic()
-                    if delay <= 0:
-                        _, order, grant = heapq.heappop(self._queue)
-                        return grant, order
-                    self._wake.wait(delay)
+                    due, order, grant = self._queue[0]
+                    if due <= time.monotonic():
+                        heapq.heappop(self._queue)
+                        if self._entries.get(grant) == order:
+                            return grant, order
+                        continue
+                    self._sleeping_until = due
+                    self._wake.wait(due - time.monotonic())
                 else:
+                    self._sleeping_until = math.inf
                     self._wake.wait()
+                self._sleeping_until = -math.inf  # awake: it reads the queue before sleeping
             return None
 
     def _run(self) -> None:
