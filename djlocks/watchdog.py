@@ -14,6 +14,7 @@ crash before the writer's next batch loses that record). A grant held past its
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -38,14 +39,22 @@ class Watchdog:
         self._grants: set[Grant] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        #: The monotonic time the thread sleeps until (``None``: until woken).
-        self._sleeping_until: float | None = None
+        #: The monotonic time the thread sleeps until: ``math.inf`` until woken,
+        #: ``-math.inf`` while it is awake (it reads the grants before it sleeps again).
+        self._sleeping_until = -math.inf
+        #: The earliest deadline announced to the thread that has not passed yet, kept
+        #: after its grant is discarded: the thread sleeps until then, not until woken,
+        #: so that the next grants' later deadlines need no wake-up (else, on a busy
+        #: machine where the thread runs late, each grant would wake it).
+        self._planned = math.inf
 
     def watch(self, grant: Grant) -> None:
         """Mark ``grant`` lost once ``grant.believe_until()`` passes, unless discarded."""
         with self._wake:
             self._grants.add(grant)
-            if self._sleeping_until is None or grant.believe_until() < self._sleeping_until:
+            deadline = grant.believe_until()
+            self._planned = min(self._planned, deadline)
+            if deadline < self._sleeping_until:
                 self._wake.notify()  # else the thread wakes first, and sees this grant then
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -89,12 +98,15 @@ class Watchdog:
                 if ran_out:
                     self._grants.difference_update(ran_out)
                     return ran_out
-                deadlines = [grant.believe_until() for grant in self._grants]
-                self._sleeping_until = min(deadlines) if deadlines else None
-                self._wake.wait(
-                    None if self._sleeping_until is None else self._sleeping_until - now
+                if self._planned <= now:
+                    self._planned = math.inf
+                self._sleeping_until = min(
+                    [self._planned, *(grant.believe_until() for grant in self._grants)]
                 )
-                self._sleeping_until = None
+                self._wake.wait(
+                    None if self._sleeping_until == math.inf else self._sleeping_until - now
+                )
+                self._sleeping_until = -math.inf
             return None
 
 

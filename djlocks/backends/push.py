@@ -170,6 +170,7 @@ class PostgresListener(PushListener):
 
     def listen(self, run: Run) -> None:
         from djlocks.backends.dedicated import DedicatedConnections
+        from djlocks.backends.sql import postgresql
 
         wrapper = DedicatedConnections.new_wrapper(self.using)
         try:
@@ -178,7 +179,7 @@ class PostgresListener(PushListener):
             connection.execute(f"LISTEN {self.channel}")
             run.ready.set()
             while self.keep_going(run):
-                for note in connection.notifies(timeout=LISTEN_SLICE):
+                for note in postgresql.notifications(connection, LISTEN_SLICE):
                     self.deliver(note.payload)
         finally:
             wrapper.close()

@@ -36,7 +36,7 @@ from djlocks.backends.lease.claims import LeaseClaims
 from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import hung_up
-from djlocks.backends.sql import as_datetime, sqlite
+from djlocks.backends.sql import as_datetime, postgresql, sqlite
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -251,7 +251,7 @@ class LeaseQueue(LeaseClaims):
                 connection = self._listeners.get().connection
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
                     # A notification is only a hint: the caller re-checks the store.
-                    heard = list(connection.notifies(timeout=min(left, 0.05), stop_after=1))
+                    heard = postgresql.notifications(connection, min(left, 0.05))
                     if any(note.payload == str(ticket) for note in heard):  # not a past wait's
                         break
             except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import selectors
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,29 @@ def read_notices(connection: Any) -> None:
     ``connection`` received (no round trip)."""
     for _ in connection.notifies(timeout=0):
         pass
+
+
+def notifications(connection: Any, seconds: float) -> list[Any]:
+    """The notifications (psycopg ``Notify``) that the listening session of a psycopg
+    ``connection`` has received: at once those already there, else those that arrive
+    within ``seconds``, perhaps none.
+
+    The wait is on the connection's socket (``selectors``), and psycopg then reads
+    without waiting (``notifies(timeout=0)``). psycopg's own wait,
+    ``notifies(timeout=seconds)``, rounds what is left of it down to whole
+    milliseconds and polls the socket without waiting for the last one, again and
+    again: measured with psycopg 3.3.9, each call spent about 0.75 ms of CPU at its
+    end, so a lease waiter or a revocation listener that waits in slices of 50 ms
+    kept about 2 % of a core busy doing nothing.
+    """
+    heard = list(connection.notifies(timeout=0))
+    if heard or seconds <= 0:
+        return heard
+    with selectors.DefaultSelector() as selector:
+        selector.register(connection.fileno(), selectors.EVENT_READ)
+        if not selector.select(seconds):
+            return []
+    return list(connection.notifies(timeout=0))
 
 
 def waking_first_waiters(waiters: str, name_key: str, limit: str) -> str:
