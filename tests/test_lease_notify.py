@@ -15,7 +15,7 @@ from djlocks import Lock, LockLost
 from djlocks.backends import backends
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.lease.store import WAITERS
-from djlocks.backends.sql.postgresql import waiter_channel
+from djlocks.backends.sql.postgresql import notifications, waiter_channel
 from djlocks.keys import table_key
 from tests.test_lease_wakeups import NEVER, Waiters, polls_never  # noqa: F401 (a fixture)
 
@@ -187,3 +187,37 @@ def test_a_listening_session_ended_during_a_wait_is_replaced_and_named() -> None
         release_and_see_it_heard(holder, thread, granted_at)
     finally:
         thread.join(NEVER)
+
+
+def test_notifications_returns_what_arrived_or_waits_for_the_first(
+    eavesdropper: DedicatedConnections,
+) -> None:
+    """``notifications`` (the waiters' and the revocation listener's wait): what arrived
+    already comes back at once; else the first to arrive ends the wait; else nothing
+    once the time is up."""
+    listening = eavesdropper.get()
+    with listening.cursor() as cursor:
+        cursor.execute("LISTEN djlocks_test_channel")
+    with connection.cursor() as cursor:
+        cursor.execute("NOTIFY djlocks_test_channel, 'before'")
+    time.sleep(0.1)
+    began = time.monotonic()
+    assert [note.payload for note in notifications(listening.connection, 5)] == ["before"]
+    assert time.monotonic() - began < 1
+
+    def later() -> None:
+        time.sleep(0.2)
+        with connection.cursor() as cursor:
+            cursor.execute("NOTIFY djlocks_test_channel, 'during'")
+        connection.close()  # this thread's connection
+
+    notifying = threading.Thread(target=later)
+    notifying.start()
+    began = time.monotonic()
+    assert [note.payload for note in notifications(listening.connection, 5)] == ["during"]
+    assert 0.15 < time.monotonic() - began < 3
+    notifying.join()
+
+    began = time.monotonic()
+    assert notifications(listening.connection, 0.3) == []
+    assert time.monotonic() - began >= 0.25
