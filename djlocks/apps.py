@@ -1,3 +1,5 @@
+import sys
+
 from django.apps import AppConfig
 
 
@@ -8,3 +10,8 @@ class DjlocksConfig(AppConfig):
 
     def ready(self) -> None:
         from djlocks import checks  # noqa: F401  (registers the system checks)
+
+        if "celery" in sys.modules:  # a Celery worker imports Celery before Django's setup
+            from djlocks.background import flush_in_celery_pool_processes
+
+            flush_in_celery_pool_processes()

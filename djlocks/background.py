@@ -147,3 +147,21 @@ def flush_all(timeout: float = DROP_WAIT) -> None:
     up to ``timeout`` seconds for each."""
     for writer in list(_started):
         writer.flush(timeout)
+
+
+def flush_in_celery_pool_processes() -> None:
+    """Have each pool process of a Celery prefork worker write what is left before it
+    exits. It ends with ``os._exit()`` (when recycled, ``worker_max_tasks_per_child``,
+    or at the worker's shutdown), which runs no ``atexit`` handler: it lost up to
+    ``LINGER`` seconds of records. Celery sends ``worker_process_shutdown`` in the pool
+    process just before; its documentation warns that, as for any handler at exit,
+    nothing guarantees it is sent. Raises ``ImportError`` without Celery."""
+    from celery.signals import worker_process_shutdown
+
+    worker_process_shutdown.connect(
+        _flush_before_exit, weak=False, dispatch_uid="djlocks.background.flush"
+    )
+
+
+def _flush_before_exit(**signal: object) -> None:
+    flush_all(EXIT_WAIT)

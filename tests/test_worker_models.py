@@ -24,8 +24,11 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import pytest
 
 from djlocks.green import green_threads_warning
+from djlocks.kinds import Kind
+from djlocks.models import LockEvent
 from djlocks.stress import current_database_names
 from tests.faults import free_port, wait_for_http
+from tests.processes import wait_until_dead
 from tests.worker_models.holding import hold
 
 pytestmark = [
@@ -118,10 +121,13 @@ def test_uvicorn_renews_whether_the_event_loop_awaits_or_is_blocked(tmp_path: Pa
 
 
 @contextmanager
-def celery_worker(log: Path, concurrency: int = 1) -> Iterator[Any]:
+def celery_worker(
+    log: Path, concurrency: int = 1, max_tasks_per_child: int | None = None
+) -> Iterator[Any]:
     """A prefork Celery worker of ``tests.worker_models.tasks`` with ``concurrency`` pool
-    processes, on the test databases, Redis database ``CELERY_REDIS_DB`` as its broker
-    and result store; yield that module, its tasks bound to the broker."""
+    processes (each replaced after ``max_tasks_per_child`` tasks, if given), on the test
+    databases, Redis database ``CELERY_REDIS_DB`` as its broker and result store; yield
+    that module, its tasks bound to the broker."""
     from redis import Redis
 
     broker = urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{CELERY_REDIS_DB}"))
@@ -129,6 +135,8 @@ def celery_worker(log: Path, concurrency: int = 1) -> Iterator[Any]:
     environment = {**worker_environment(), "DJLOCKS_CELERY_BROKER": broker}
     command = [sys.executable, "-m", "celery", "-A", "tests.worker_models.tasks", "worker"]
     pool = ["--pool", "prefork", "--concurrency", str(concurrency), "--without-gossip"]
+    if max_tasks_per_child is not None:
+        pool += ["--max-tasks-per-child", str(max_tasks_per_child)]
     with log.open("w") as output:
         worker = subprocess.Popen(
             [*command, *pool], cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT
@@ -150,6 +158,20 @@ def test_a_celery_prefork_worker_renews_in_its_forked_pool_process(tmp_path: Pat
         assert renewed["renewed"] and renewed["lost"] is None, renewed
         stuck = tasks.hold_task.delay("worker:celery", TTL, WORK, "c-call").get(timeout=60)
         assert not stuck["renewed"] and stuck["lost"], stuck
+
+
+def test_a_recycled_celery_pool_process_writes_its_last_events_before_it_exits(
+    tmp_path: Path,
+) -> None:
+    """A pool process replaced after one task ends with ``os._exit()``, which runs no
+    exit handler, within the quarter of a second the background writer lets events
+    gather: the events of the grant its task released are written all the same."""
+    name = "worker:recycled"
+    with celery_worker(tmp_path / "celery.log", max_tasks_per_child=1) as tasks:
+        pid = tasks.take_and_release.delay(name).get(timeout=120)
+        wait_until_dead(pid, timeout=30)
+        kinds = LockEvent.objects.filter(name=name).values_list("kind", flat=True)
+        assert sorted(kinds) == [Kind.ACQUIRED, Kind.RELEASED]
 
 
 def test_a_thread_stuck_in_a_c_call_cannot_renew_and_learns_it_at_release() -> None:

@@ -23,6 +23,17 @@ def hold_task(name: str, ttl: float, seconds: float, kind: str) -> dict[str, obj
     return hold(name, ttl, seconds, kind)
 
 
+@app.task
+def take_and_release(name: str) -> int:
+    """Takes ``name`` and releases it at once, which hands its events to the background
+    writer; returns the pool process's pid."""
+    from djlocks import Lock
+
+    with Lock(name, ttl=5):
+        pass
+    return os.getpid()
+
+
 @app.task(bind=True, max_retries=None)
 @limit_concurrency("render:{user_id}", when_busy="retry", retry_after=0.1, max_retry_after=0.4)
 def render(self: Any, user_id: int, seconds: float, record: str) -> int:
