@@ -7,15 +7,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from djlocks import Lock, LockLost
 from djlocks.backends import backends
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.lease.store import WAITERS
-from djlocks.backends.sql.postgresql import notifications, waiter_channel
+from djlocks.backends.sql.postgresql import notifications, waiter_channel, waiter_notice
+from djlocks.grant import BELIEF_MARGIN, Grant
 from djlocks.keys import table_key
 from tests.test_lease_wakeups import NEVER, Waiters, polls_never  # noqa: F401 (a fixture)
 
@@ -71,7 +74,8 @@ def test_a_release_notifies_only_the_first_waiter(
     polls are 30 s apart: it heard the notice)."""
     name = f"l:notify:{release}"
     holder = Lock(name, ttl=30)
-    holder.acquire()
+    held = holder.acquire_grant()
+    assert held is not None
     waiters = Waiters(name, limit=1, count=2)
     try:
         (first, first_session), (second, second_session) = queued(name)
@@ -80,7 +84,16 @@ def test_a_release_notifies_only_the_first_waiter(
         if release != "released":
             action = lambda: backends["default"].force_release(name)  # noqa: E731
         notes = heard(eavesdropper, [first_session, second_session], action)
-        assert notes == [(waiter_channel(first_session), str(first))]
+        assert [channel for channel, _ in notes] == [waiter_channel(first_session)]
+        ticket, handed = waiter_notice(notes[0][1])
+        assert ticket == first
+        if release == "released":  # a hand-over's notice carries what it handed
+            assert handed is not None
+            slot, fence, expires_at = handed
+            assert (slot, fence) == (0, held.fence + 1)
+            assert expires_at > timezone.now() + timedelta(seconds=20)
+        else:
+            assert handed is None, "a forced release hands nothing over"
         assert waiters.got.acquire(timeout=10), "the first waiter never got the lock"
         assert [ticket for ticket, _ in queued(name)] == [second]
     finally:
@@ -221,3 +234,32 @@ def test_notifications_returns_what_arrived_or_waits_for_the_first(
     began = time.monotonic()
     assert notifications(listening.connection, 0.3) == []
     assert time.monotonic() - began >= 0.25
+
+
+def test_the_heir_holds_what_the_notice_handed_and_believes_it_from_before_the_hand_over() -> None:
+    """The heir of a hand-over takes its grant from the notice, without asking the
+    store; its belief counts from before the hand-over (its last look at the queue), so
+    it never believes in the lease longer than the store keeps it."""
+    name = "l:notify:heir"
+    holder = Lock(name, ttl=30)
+    held = holder.acquire_grant()
+    assert held is not None
+    granted: list[Grant] = []
+    heir = threading.Thread(target=lambda: granted.append(Lock(name, ttl=6).acquire_grant()))
+    heir.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not queued(name):
+            assert time.monotonic() < deadline, "the heir never queued"
+            time.sleep(0.01)
+        holder.release()
+        handed_by = time.monotonic()  # the hand-over committed before release returned
+        heir.join(10)
+        (grant,) = granted
+        assert grant is not None, "polls are 30 s apart: the heir heard the notice"
+        assert grant.fence == held.fence + 1
+        assert grant.believe_until() <= handed_by + 6 * (1 - BELIEF_MARGIN)
+        assert backends["default"].holders(name)[0].fence == grant.fence
+        grant.release()
+    finally:
+        heir.join(10)

@@ -27,6 +27,7 @@ import secrets
 import socket
 import time
 from contextlib import closing
+from datetime import datetime
 
 from django.db import DatabaseError, Error
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -49,6 +50,9 @@ NOTIFIED_POLL = 0.025
 QUEUE_POLL_STEP = 0.005
 
 
+#: A slot that a hand-over's notice handed to this waiter: slot, fence, expiry.
+Handed = tuple[int, int, datetime]
+
 #: Places in the queue remembered for removal while the store cannot be reached.
 ABANDONED_KEPT = 100
 
@@ -69,6 +73,9 @@ class LeaseQueue(LeaseClaims):
         heir_token = secrets.token_hex(16)  # what a release hands the slot over with
         self._catch_up()
         sleeper = self._sleeper()
+        # When the last look at the queue that found no slot handed to this waiter was
+        # sent: a hand-over that a notice tells of came later, so its lease did too.
+        looked_at = time.monotonic()
         ticket, ahead = self._run(
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
         )
@@ -87,6 +94,7 @@ class LeaseQueue(LeaseClaims):
             woken = listening or woken_here is not None or self.dialect.waking is not None
             while True:
                 if ahead is None:  # counted anew at each turn but the first
+                    looked_at = time.monotonic()
                     ahead, grant = self._run(
                         lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
                     )
@@ -123,9 +131,16 @@ class LeaseQueue(LeaseClaims):
                     pause = min(pause, max(self._waking_session_due() - now, 0.0))
                 if sleeper is not None:
                     sleeper = self._rename_sleeper(ticket, sleeper)
-                if self._pause(pause, ticket, abort, listening, heir_token, woken_here):
+                aborted, notice = self._pause(
+                    pause, ticket, abort, listening, heir_token, woken_here
+                )
+                if aborted:
                     return None
-                ahead = None
+                if notice is not None and time.monotonic() - looked_at < request.ttl / 3:
+                    handed = True  # read from the notice: no round trip
+                    slot, fence, expires_at = notice
+                    return GrantRecord(heir_token, slot, fence, expires_at, None, looked_at)
+                ahead = None  # a notice is a hint, or too late to count from: look again
         finally:
             if woken_here is not None:
                 woken_here.close()
@@ -231,14 +246,15 @@ class LeaseQueue(LeaseClaims):
         listening: bool,
         heir_token: str,
         woken_here: socket.socket | None,
-    ) -> bool:
+    ) -> tuple[bool, Handed | None]:
         """Sleep up to ``seconds``, less if a release notifies this waiter's ``ticket``
         on its listening session (a slot of the name freed, or handed to this waiter),
         or hands this waiter a slot with ``heir_token`` where that wakes it
         (``LeaseDialect.waking``), or sends a wake-up to ``woken_here``
-        (``lease.wakeups``); True if aborted."""
+        (``lease.wakeups``). Returns whether it was aborted, and the slot that a
+        hand-over's notice says was handed to this waiter, if one did."""
         if self.dialect.waking is not None:
-            return self._sleep_in_the_server(seconds, abort, heir_token)
+            return self._sleep_in_the_server(seconds, abort, heir_token), None
         if woken_here is not None:
             end = time.monotonic() + seconds
             while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
@@ -246,24 +262,25 @@ class LeaseQueue(LeaseClaims):
                     woken_here, left if abort is None else min(left, NOTIFIED_POLL)
                 ):
                     break
-            return abort is not None and abort.is_set()
+            return abort is not None and abort.is_set(), None
         if listening:
             end = time.monotonic() + seconds
             try:
                 connection = self._listeners.get().connection
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
-                    # A notification is only a hint: the caller re-checks the store.
                     heard = postgresql.notifications(connection, min(left, 0.05))
-                    if any(note.payload == str(ticket) for note in heard):  # not a past wait's
-                        break
+                    notices = [postgresql.waiter_notice(note.payload) for note in heard]
+                    mine = [handed for notified, handed in notices if notified == ticket]
+                    if mine:  # not a past wait's
+                        return abort is not None and abort.is_set(), next(filter(None, mine), None)
             except Exception:
                 acquire_log.warning("listening for releases failed", exc_info=True)
                 self._listeners.discard()
-            return abort is not None and abort.is_set()
+            return abort is not None and abort.is_set(), None
         if abort is not None:
-            return abort.wait(seconds)
+            return abort.wait(seconds), None
         time.sleep(seconds)
-        return False
+        return False, None
 
     def _sleep_in_the_server(self, seconds: float, abort: Abort | None, heir_token: str) -> bool:
         """Sleep on this thread's sleeping session, the one the waiter's queue row names

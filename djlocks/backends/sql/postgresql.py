@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import selectors
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from djlocks.backends.prepared import prepare_where_direct
@@ -137,7 +138,9 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     with another limit is handed nothing: it claims the freed slot, or is told of
     the mismatch, as before.
     The heir is notified on its own channel (``waiter_channel``), so only its
-    process wakes; when nobody was handed the slot, the name's first waiters are.
+    process wakes, with its ticket and the grant it was handed (``waiter_notice``):
+    it needs no round trip to read it. When nobody was handed the slot, the name's
+    first waiters are notified, with their tickets alone.
     Returns one row per released slot: whether it was handed over.
     """
     now = "statement_timestamp()"
@@ -162,13 +165,27 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
         f"FROM top LEFT JOIN heir ON true "
         f"WHERE s.token = %(token)s AND s.expires_at > {now} "
-        f"RETURNING s.name_key, s.slot_limit, heir.id, heir.connection_id) "
+        f"RETURNING s.name_key, s.slot_limit, s.slot, s.fence, s.expires_at, heir.id, "
+        f"heir.connection_id) "
         f"SELECT CASE WHEN changed.id IS NULL "
         f"THEN {waking_first_waiters(waiters, 'changed.name_key', 'changed.slot_limit')} "
         f"WHEN changed.connection_id IS NULL THEN 0 "
         f"ELSE (SELECT count(*) FROM pg_notify('{WAITER_CHANNEL}' || changed.connection_id, "
-        f"changed.id::text)) END, changed.id IS NOT NULL FROM changed"
+        f"concat_ws(' ', changed.id, changed.slot, changed.fence, "
+        f"extract(epoch FROM changed.expires_at)))) END, changed.id IS NOT NULL FROM changed"
     )
+
+
+def waiter_notice(payload: str) -> tuple[int, tuple[int, int, datetime] | None]:
+    """The ticket that a lease waiter's notice names and, if the notice is a
+    hand-over's (``lease_handing_over``), the slot, its fence and its expiry (aware,
+    UTC) handed to that waiter; ``None`` for a notice that only wakes it (the ticket
+    alone, as every notice of an older djlocks)."""
+    ticket, *handed = payload.split()
+    if len(handed) != 3:
+        return int(ticket), None
+    slot, fence, expires = handed
+    return int(ticket), (int(slot), int(fence), datetime.fromtimestamp(float(expires), UTC))
 
 
 def lease_claiming_free_slot(
