@@ -1,3 +1,4 @@
+import contextlib
 import sys
 
 from django.apps import AppConfig
@@ -14,4 +15,5 @@ class DjlocksConfig(AppConfig):
         if "celery" in sys.modules:  # a Celery worker imports Celery before Django's setup
             from djlocks.background import flush_in_celery_pool_processes
 
-            flush_in_celery_pool_processes()
+            with contextlib.suppress(ImportError):  # not Celery after all (a stub, a name)
+                flush_in_celery_pool_processes()

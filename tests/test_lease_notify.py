@@ -10,13 +10,13 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from djlocks import Lock, LockLost
 from djlocks.backends import backends
 from djlocks.backends.dedicated import DedicatedConnections
-from djlocks.backends.lease.store import WAITERS
+from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.sql.postgresql import notifications, waiter_channel, waiter_notice
 from djlocks.grant import BELIEF_MARGIN, Grant
 from djlocks.keys import table_key
@@ -89,9 +89,8 @@ def test_a_release_notifies_only_the_first_waiter(
         assert ticket == first
         if release == "released":  # a hand-over's notice carries what it handed
             assert handed is not None
-            slot, fence, expires_at = handed
-            assert (slot, fence) == (0, held.fence + 1)
-            assert expires_at > timezone.now() + timedelta(seconds=20)
+            assert (handed.slot, handed.fence) == (0, held.fence + 1)
+            assert handed.expires_at > timezone.now() + timedelta(seconds=20)
         else:
             assert handed is None, "a forced release hands nothing over"
         assert waiters.got.acquire(timeout=10), "the first waiter never got the lock"
@@ -236,30 +235,75 @@ def test_notifications_returns_what_arrived_or_waits_for_the_first(
     assert time.monotonic() - began >= 0.25
 
 
-def test_the_heir_holds_what_the_notice_handed_and_believes_it_from_before_the_hand_over() -> None:
+def heir_of(name: str, ttl: float) -> tuple[threading.Thread, list[Grant | None], float]:
+    """A thread that waits for ``name`` (a lease of ``ttl`` seconds) and files its grant;
+    and the moment its queue row was seen, which is after it queued."""
+    granted: list[Grant | None] = []
+    heir = threading.Thread(target=lambda: granted.append(Lock(name, ttl=ttl).acquire_grant()))
+    heir.start()
+    deadline = time.monotonic() + 10
+    while not queued(name):
+        assert time.monotonic() < deadline, "the heir never queued"
+        time.sleep(0.01)
+    return heir, granted, time.monotonic()
+
+
+def test_the_heir_holds_what_the_notice_handed_and_believes_it_from_its_queueing() -> None:
     """The heir of a hand-over takes its grant from the notice, without asking the
-    store; its belief counts from before the hand-over (its last look at the queue), so
-    it never believes in the lease longer than the store keeps it."""
+    store: its belief counts from when it queued (before the hand-over began, which
+    the lease counts from), not from the hand-over as a read-back would."""
     name = "l:notify:heir"
     holder = Lock(name, ttl=30)
     held = holder.acquire_grant()
     assert held is not None
-    granted: list[Grant] = []
-    heir = threading.Thread(target=lambda: granted.append(Lock(name, ttl=6).acquire_grant()))
-    heir.start()
+    heir, granted, queued_by = heir_of(name, ttl=6)
     try:
-        deadline = time.monotonic() + 10
-        while not queued(name):
-            assert time.monotonic() < deadline, "the heir never queued"
-            time.sleep(0.01)
+        time.sleep(0.3)  # a read-back would count the lease from the hand-over, later
         holder.release()
-        handed_by = time.monotonic()  # the hand-over committed before release returned
         heir.join(10)
         (grant,) = granted
         assert grant is not None, "polls are 30 s apart: the heir heard the notice"
         assert grant.fence == held.fence + 1
-        assert grant.believe_until() <= handed_by + 6 * (1 - BELIEF_MARGIN)
+        assert grant.believe_until() <= queued_by + 6 * (1 - BELIEF_MARGIN), "read back"
         assert backends["default"].holders(name)[0].fence == grant.fence
         grant.release()
     finally:
+        heir.join(10)
+
+
+def test_a_hand_over_held_up_at_the_slot_row_is_not_believed_past_its_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hand-over waits for the slot row (another transaction locks it); meanwhile
+    the heir keeps looking at the queue and finds nothing. The lease counts from when
+    the hand-over's statement began, so the heir's belief must count from before
+    that, not from its last look. (The holder got its grant by waiting: its release
+    is the hand-over itself, with no plain release tried first.)"""
+    monkeypatch.setattr("djlocks.backends.lease.queue.NOTIFIED_POLL", 0.025)  # looks
+    name = "l:notify:held-up"
+    first = Lock(name, ttl=30).acquire_grant()
+    assert first is not None
+    middle, handed, _ = heir_of(name, ttl=30)
+    first.release()
+    middle.join(10)
+    (held,) = handed
+    assert held is not None
+    heir, granted, _ = heir_of(name, ttl=3)
+    releasing = threading.Thread(target=held.release)  # a grant releases from any thread
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT slot FROM {SLOTS} WHERE name_key = %s FOR UPDATE", (table_key(name),)
+            )
+            began = time.monotonic()  # the hand-over's statement begins after this
+            releasing.start()
+            time.sleep(0.6)  # the heir looks at the queue meanwhile, every 25 ms
+        releasing.join(10)
+        heir.join(10)
+        (grant,) = granted
+        assert grant is not None
+        assert grant.believe_until() <= began + 3 * (1 - BELIEF_MARGIN)
+        grant.release()
+    finally:
+        releasing.join(10)
         heir.join(10)

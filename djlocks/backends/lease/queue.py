@@ -14,10 +14,10 @@ Polling is only the fallback for a lost wake-up there.
 
 Where the store hands over (``LeaseDialect.hand_over``: PostgreSQL, MySQL), a
 release without a cool-down gives the freed slot to the head of the queue in
-the same round trip, under the token the waiter queued with, and the woken
-waiter only reads its grant: a hand-off costs the waiter one round trip and no
-commit. A waiter that leaves the queue without taking a slot it was handed
-gives it to the next in line.
+the same round trip, under the token the waiter queued with. The woken waiter
+only reads its grant, one round trip and no commit; on PostgreSQL it needs none,
+since the notice carries the grant. A waiter that leaves the queue without
+taking a slot it was handed gives it to the next in line.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import secrets
 import socket
 import time
 from contextlib import closing
-from datetime import datetime
 
 from django.db import DatabaseError, Error
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -38,6 +37,7 @@ from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import hung_up
 from djlocks.backends.sql import as_datetime, postgresql, sqlite
+from djlocks.backends.sql.postgresql import HandedOver
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -49,9 +49,6 @@ NOTIFIED_POLL = 0.025
 #: Seconds: a waiter k places behind the next in line polls every k steps.
 QUEUE_POLL_STEP = 0.005
 
-
-#: A slot that a hand-over's notice handed to this waiter: slot, fence, expiry.
-Handed = tuple[int, int, datetime]
 
 #: Places in the queue remembered for removal while the store cannot be reached.
 ABANDONED_KEPT = 100
@@ -73,9 +70,10 @@ class LeaseQueue(LeaseClaims):
         heir_token = secrets.token_hex(16)  # what a release hands the slot over with
         self._catch_up()
         sleeper = self._sleeper()
-        # When the last look at the queue that found no slot handed to this waiter was
-        # sent: a hand-over that a notice tells of came later, so its lease did too.
-        looked_at = time.monotonic()
+        # A hand-over found this waiter's row queued, so its statement, whose start
+        # its lease counts from, began after this moment: the heir's belief in a
+        # lease that a notice hands over counts from here.
+        queued_at = time.monotonic()
         ticket, ahead = self._run(
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
         )
@@ -93,8 +91,7 @@ class LeaseQueue(LeaseClaims):
             # A release wakes this waiter:
             woken = listening or woken_here is not None or self.dialect.waking is not None
             while True:
-                if ahead is None:  # counted anew at each turn but the first
-                    looked_at = time.monotonic()
+                if ahead is None:  # not counted by the enqueue, or a turn ago
                     ahead, grant = self._run(
                         lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
                     )
@@ -136,11 +133,12 @@ class LeaseQueue(LeaseClaims):
                 )
                 if aborted:
                     return None
-                if notice is not None and time.monotonic() - looked_at < request.ttl / 3:
+                if notice is not None and time.monotonic() - queued_at < request.ttl / 3:
                     handed = True  # read from the notice: no round trip
-                    slot, fence, expires_at = notice
-                    return GrantRecord(heir_token, slot, fence, expires_at, None, looked_at)
-                ahead = None  # a notice is a hint, or too late to count from: look again
+                    return GrantRecord(
+                        heir_token, notice.slot, notice.fence, notice.expires_at, None, queued_at
+                    )
+                ahead = None  # a hint, or queued too long ago to count from: look again
         finally:
             if woken_here is not None:
                 woken_here.close()
@@ -246,7 +244,7 @@ class LeaseQueue(LeaseClaims):
         listening: bool,
         heir_token: str,
         woken_here: socket.socket | None,
-    ) -> tuple[bool, Handed | None]:
+    ) -> tuple[bool, HandedOver | None]:
         """Sleep up to ``seconds``, less if a release notifies this waiter's ``ticket``
         on its listening session (a slot of the name freed, or handed to this waiter),
         or hands this waiter a slot with ``heir_token`` where that wakes it
@@ -270,9 +268,10 @@ class LeaseQueue(LeaseClaims):
                 while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
                     heard = postgresql.notifications(connection, min(left, 0.05))
                     notices = [postgresql.waiter_notice(note.payload) for note in heard]
-                    mine = [handed for notified, handed in notices if notified == ticket]
+                    mine = [notice[1] for notice in notices if notice and notice[0] == ticket]
                     if mine:  # not a past wait's
-                        return abort is not None and abort.is_set(), next(filter(None, mine), None)
+                        handed = [h for h in mine if h is not None and h.token == heir_token]
+                        return abort is not None and abort.is_set(), next(iter(handed), None)
             except Exception:
                 acquire_log.warning("listening for releases failed", exc_info=True)
                 self._listeners.discard()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import selectors
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
@@ -41,7 +41,8 @@ FIRST_FENCE = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
 
 #: A lease waiter hears of releases on a channel of its own: this prefix and the
 #: backend pid of its listening session (``waiter_channel``), which its queue row
-#: names (``connection_id``); the payload is its ticket. Only the waiters a release
+#: names (``connection_id``); the payload is its ticket, followed for a hand-over's
+#: heir by what it was handed (``waiter_notice``). Only the waiters a release
 #: concerns are woken: the heir of a hand-over, else the name's first ``slot_limit``.
 WAITER_CHANNEL = "djlocks_lease_"
 #: NOTIFY channel of forced releases and graceful releases' requests, which the holders
@@ -71,7 +72,8 @@ def read_notices(connection: Any) -> None:
 def notifications(connection: Any, seconds: float) -> list[Any]:
     """The notifications (psycopg ``Notify``) that the listening session of a psycopg
     ``connection`` has received: at once those already there, else those that arrive
-    within ``seconds``, perhaps none.
+    within ``seconds``, perhaps none (also sooner, when the server sent something
+    else meanwhile: callers wait again).
 
     The wait is on the connection's socket (``selectors``), and psycopg then reads
     without waiting (``notifies(timeout=0)``). psycopg's own wait,
@@ -138,9 +140,10 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     with another limit is handed nothing: it claims the freed slot, or is told of
     the mismatch, as before.
     The heir is notified on its own channel (``waiter_channel``), so only its
-    process wakes, with its ticket and the grant it was handed (``waiter_notice``):
-    it needs no round trip to read it. When nobody was handed the slot, the name's
-    first waiters are notified, with their tickets alone.
+    process wakes, with its ticket and the grant it was handed, under the token it
+    queued with (``waiter_notice``): it needs no round trip to read it. When nobody
+    was handed the slot, the name's first waiters are notified, with their tickets
+    alone.
     Returns one row per released slot: whether it was handed over.
     """
     now = "statement_timestamp()"
@@ -165,27 +168,44 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
         f"FROM top LEFT JOIN heir ON true "
         f"WHERE s.token = %(token)s AND s.expires_at > {now} "
-        f"RETURNING s.name_key, s.slot_limit, s.slot, s.fence, s.expires_at, heir.id, "
-        f"heir.connection_id) "
+        f"RETURNING s.name_key, s.slot_limit, s.token, s.slot, s.fence, s.expires_at, "
+        f"heir.id, heir.connection_id) "
         f"SELECT CASE WHEN changed.id IS NULL "
         f"THEN {waking_first_waiters(waiters, 'changed.name_key', 'changed.slot_limit')} "
         f"WHEN changed.connection_id IS NULL THEN 0 "
         f"ELSE (SELECT count(*) FROM pg_notify('{WAITER_CHANNEL}' || changed.connection_id, "
-        f"concat_ws(' ', changed.id, changed.slot, changed.fence, "
+        f"concat_ws(' ', changed.id, changed.token, changed.slot, changed.fence, "
         f"extract(epoch FROM changed.expires_at)))) END, changed.id IS NOT NULL FROM changed"
     )
 
 
-def waiter_notice(payload: str) -> tuple[int, tuple[int, int, datetime] | None]:
+class HandedOver(NamedTuple):
+    """What a hand-over's notice tells its heir (``lease_handing_over``): the grant's
+    token (the one the heir queued with), its slot, its fence and its expiry (aware,
+    UTC)."""
+
+    token: str
+    slot: int
+    fence: int
+    expires_at: datetime
+
+
+def waiter_notice(payload: str) -> tuple[int, HandedOver | None] | None:
     """The ticket that a lease waiter's notice names and, if the notice is a
-    hand-over's (``lease_handing_over``), the slot, its fence and its expiry (aware,
-    UTC) handed to that waiter; ``None`` for a notice that only wakes it (the ticket
-    alone, as every notice of an older djlocks)."""
-    ticket, *handed = payload.split()
-    if len(handed) != 3:
-        return int(ticket), None
-    slot, fence, expires = handed
-    return int(ticket), (int(slot), int(fence), datetime.fromtimestamp(float(expires), UTC))
+    hand-over's, what it handed (``HandedOver``; ``None`` for a notice that only
+    wakes, with the ticket alone, as every notice of an older djlocks). ``None`` for
+    a payload that is neither: anyone who can connect may ``NOTIFY`` any channel."""
+    fields = payload.split()
+    try:
+        if len(fields) == 1:
+            return int(fields[0]), None
+        if len(fields) == 5:
+            ticket, token, slot, fence, expires = fields
+            expires_at = datetime.fromtimestamp(float(expires), UTC)
+            return int(ticket), HandedOver(token, int(slot), int(fence), expires_at)
+    except (ValueError, OverflowError, OSError):
+        pass
+    return None
 
 
 def lease_claiming_free_slot(
