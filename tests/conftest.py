@@ -4,7 +4,6 @@ is down fails the run (pytest-django cannot create the test database), never ski
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -116,12 +115,6 @@ def store(transactional_db: None) -> Iterator[None]:
     for redis in stores:
         assert redis.holders() == [], f"a Redis lease was left ({redis.alias})"
         assert redis.waiters() == [], f"a Redis waiter was left ({redis.alias})"
-    # A cancelled session wait is killed from a thread of its own, on a side session,
-    # which may still run: reset() would close that connection under it (a crash in
-    # psycopg, seen on Python 3.12).
-    for thread in threading.enumerate():
-        if thread.name == "djlocks-cancel":
-            thread.join(10)
     backends.reset()
     for redis in stores:
         channels = channels_at(redis.redis(), f"{redis.prefix}:wake:*:{os.getpid()}:*")

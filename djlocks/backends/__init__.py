@@ -57,7 +57,13 @@ class BackendHandler:
 
     def reset(self) -> None:
         """Write the history and holder records handed to the background writers, then
-        forget every backend and close every connection they opened, in every thread."""
+        forget every backend and close every connection they opened, in every thread.
+
+        A thread still ending an aborted wait's statement is waited for first, up to
+        ``aside.RESET_WAIT`` seconds; a statement another thread still runs on a
+        connection is cancelled before the connection is closed
+        (``DedicatedConnections.close_all``)."""
+        from djlocks.backends import aside
         from djlocks.backends.dedicated import DedicatedConnections
         from djlocks.backends.server_records import holder_records
         from djlocks.events import events
@@ -65,6 +71,7 @@ class BackendHandler:
         events.flush()
         holder_records.flush()
         self.stop_listeners()
+        aside.wait_for_all()
         DedicatedConnections.close_all()
 
     def stop_listeners(self) -> None:

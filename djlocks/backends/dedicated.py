@@ -9,6 +9,7 @@ is never used across ``fork()``: a child process opens its own.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import weakref
@@ -27,6 +28,9 @@ from djlocks.forksafe import ForkSafeLock
 OnConnect = Callable[[BaseDatabaseWrapper], None]
 #: The settings that tell database servers apart.
 SERVER_KEYS = ("ENGINE", "HOST", "PORT")
+release_log = logging.getLogger("djlocks.release")
+#: Seconds ``close_all()`` waits for a cancelled statement of another thread to end.
+CLOSE_WAIT = 5.0
 T = TypeVar("T")
 
 
@@ -122,8 +126,7 @@ class DedicatedConnections(threading.local):
         with cls._every_thread_guard:
             wrappers = list(cls._every_thread)
         for wrapper in wrappers:
-            with contextlib.suppress(Exception):
-                wrapper.close()
+            _close_when_idle(wrapper)
 
     @classmethod
     def close_on_server(cls, server: BaseDatabaseWrapper) -> None:
@@ -136,8 +139,7 @@ class DedicatedConnections(threading.local):
                 if [wrapper.settings_dict.get(key) for key in SERVER_KEYS] == where
             ]
         for wrapper in wrappers:
-            with contextlib.suppress(Exception):
-                wrapper.close()
+            _close_when_idle(wrapper)
 
     @classmethod
     def close_this_thread(cls) -> None:
@@ -179,6 +181,40 @@ def _detach_in_a_forked_child() -> None:
 
 
 os.register_at_fork(after_in_child=_detach_in_a_forked_child)
+
+
+def _close_when_idle(wrapper: BaseDatabaseWrapper) -> None:
+    """Close ``wrapper``, which another thread may be using, once no statement runs on it.
+
+    psycopg 3 holds the connection's ``lock`` while a statement runs, and closing
+    the connection under it frees what that statement's thread still reads (a
+    crash). A statement still running is cancelled (``cancel_safe``, which is
+    thread-safe) and the lock awaited for at most ``CLOSE_WAIT`` seconds; a
+    connection still busy then is left open, for its thread to finish with, and
+    logged. mysqlclient has no such lock: djlocks itself runs no statement from
+    another thread when ``backends.reset()`` closes (see ``aside``).
+    """
+    driver = wrapper.connection
+    lock = getattr(driver, "lock", None)
+    if lock is None:
+        with contextlib.suppress(Exception):
+            wrapper.close()
+        return
+    if not lock.acquire(blocking=False):
+        with contextlib.suppress(Exception):
+            driver.cancel_safe(timeout=CLOSE_WAIT)
+        if not lock.acquire(timeout=CLOSE_WAIT):
+            release_log.warning(
+                "left a connection open: another thread's statement on it did not end "
+                "within %s s of its cancel",
+                CLOSE_WAIT,
+            )
+            return
+    try:
+        with contextlib.suppress(Exception):
+            wrapper.close()
+    finally:
+        lock.release()
 
 
 def _close_quietly(connection: object) -> None:

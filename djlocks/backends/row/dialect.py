@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from django.core.checks import CheckMessage
 
+from djlocks.backends import aside
 from djlocks.backends.base import AcquireRequest, HolderInfo, WaiterInfo
 from djlocks.backends.waiting import Abort
 
@@ -113,10 +114,7 @@ def cancellable(abort: Abort | None, cancel: Callable[[], None]) -> Iterator[Cal
                 cancel()
             time.sleep(CANCEL_EVERY)
 
-    def start_cancelling() -> None:
-        threading.Thread(target=cancel_until_done, name="djlocks-cancel", daemon=True).start()
-
-    with abort.cancelling(start_cancelling):
+    with abort.cancelling(lambda: aside.start(cancel_until_done)):
         try:
             yield abort.is_set
         finally:

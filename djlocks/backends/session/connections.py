@@ -24,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from djlocks.backends import aside
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.driver import refuse_psycopg2
@@ -264,4 +265,4 @@ class SessionStore(LockBackend):
             except (BackendUnavailable, DatabaseError):
                 acquire_log.warning("could not kill session %s", victim.connection_id)
 
-        threading.Thread(target=kill, name="djlocks-cancel", daemon=True).start()
+        aside.start(kill)

@@ -1,0 +1,73 @@
+"""Closing djlocks' own connections while other threads still use them
+(``backends.reset()``, a test database about to be dropped)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import DatabaseError, connection
+
+from djlocks.backends import aside, backends
+from djlocks.backends.dedicated import DedicatedConnections
+
+pytestmark = [
+    pytest.mark.usefixtures("store"),
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(
+        connection.vendor == "sqlite", reason="SQLite has no statement that waits in a server"
+    ),
+]
+
+SLEEP = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}[connection.vendor]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's connection lock")
+def test_closing_every_connection_first_cancels_a_statement_another_thread_runs() -> None:
+    """psycopg frees a connection's state at close(): closing it under a running
+    statement crashed a test run. The statement is cancelled and ends first."""
+    outcome: list[object] = []
+    running = threading.Event()
+
+    def sleep() -> None:
+        own = DedicatedConnections("default")
+        try:
+            with own.cursor() as cursor:
+                running.set()
+                cursor.execute(SLEEP, [30])
+            outcome.append(None)
+        except DatabaseError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=sleep)
+    thread.start()
+    assert running.wait(10)
+    time.sleep(0.3)  # inside pg_sleep
+    began = time.monotonic()
+    DedicatedConnections.close_all()
+    thread.join(10)
+    assert time.monotonic() - began < 5
+    assert len(outcome) == 1 and "canceling statement" in str(outcome[0]), outcome
+
+
+def test_a_reset_waits_for_a_statement_ended_from_the_side() -> None:
+    """A thread that kills or cancels an aborted wait's statement uses a connection of
+    its own; ``backends.reset()`` lets it finish before closing every connection."""
+    outcome: list[object] = []
+    running = threading.Event()
+
+    def end_statement() -> None:
+        own = DedicatedConnections("default")
+        try:
+            with own.cursor() as cursor:
+                running.set()
+                cursor.execute(SLEEP, [0.5])
+            outcome.append(None)
+        except DatabaseError as exc:
+            outcome.append(exc)
+
+    aside.start(end_statement)
+    assert running.wait(10)
+    backends.reset()
+    assert outcome == [None], "reset() closed the connection under the statement"
