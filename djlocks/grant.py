@@ -23,6 +23,7 @@ from djlocks.heartbeat import heartbeat
 from djlocks.identity import Identity
 from djlocks.kinds import Kind
 from djlocks.signals import lock_lost
+from djlocks.watchdog import watchdog
 
 if TYPE_CHECKING:
     from djlocks.core import Lock
@@ -276,10 +277,13 @@ class Grant:
         with self._guard:
             if self._lost_reason is not None:  # too late: the holder was told
                 return
+            believed_until = self._believe_until
             self._believe_until = self._within_max_hold(
                 renewal_started + length * (1 - BELIEF_MARGIN)
             )
             self.expires_at = expires_at
+        if self._believe_until < believed_until:
+            watchdog.moved_earlier(self)
 
     def _within_max_hold(self, moment: float) -> float:
         return moment if self.hold_until is None else min(moment, self.hold_until)

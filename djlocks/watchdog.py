@@ -62,6 +62,17 @@ class Watchdog:
                 )
                 self._thread.start()
 
+    def moved_earlier(self, grant: Grant) -> None:
+        """``grant``'s belief now ends earlier than before (a renewal that found a shorter
+        lease): wake the thread if it would sleep past the new deadline."""
+        with self._wake:
+            if grant not in self._grants:
+                return  # released, or already told
+            deadline = grant.believe_until()
+            self._planned = min(self._planned, deadline)
+            if deadline < self._sleeping_until:
+                self._wake.notify()
+
     def discard(self, grant: Grant) -> None:
         """Stop watching ``grant`` (released, or lost already)."""
         with self._wake:

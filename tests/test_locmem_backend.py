@@ -334,6 +334,23 @@ def test_a_released_grant_is_not_kept_until_its_renewal_would_have_been_due(
     assert released() is None, "a released grant is still referenced"
 
 
+def test_a_renewal_that_shortens_the_belief_has_the_holder_told_when_it_ends(
+    store: LocMemBackend,
+) -> None:
+    """A renewal during a graceful release's wait finds a lease shorter than the TTL
+    (``Grant.renewed(lasts=...)``): the holder is told it lost the grant when that
+    shorter belief ends, not at the TTL it believed before."""
+    told = threading.Event()
+    lock = Lock("belief:shortened", ttl=30, on_lost=lambda grant, why: told.set())
+    grant = lock.acquire_grant(timeout=0)
+    assert grant is not None
+    time.sleep(0.2)  # the watchdog sleeps until the TTL's belief ends
+    grant.renewed(time.monotonic(), None, lasts=0.5)
+    assert told.wait(3), "told at the TTL's end, not the shortened belief's"
+    with pytest.raises(LockLost):
+        grant.release()
+
+
 def test_a_forced_release_is_seen_by_the_holder(store: LocMemBackend) -> None:
     lost: list[str] = []
     lock = Lock("forced", on_lost=lambda grant, why: lost.append(why))
