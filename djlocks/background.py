@@ -84,7 +84,7 @@ class BackgroundWriter(Generic[Record]):
                 waiting = len(self._waiting)
                 if waiting == len(records) or waiting >= BATCH_RECORDS:  # was idle, or is full
                     self._changed.notify_all()
-                if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:  # it forgets itself if it ends (``_run``)
                     self._thread = threading.Thread(
                         target=self._run, name=self._thread_name, daemon=True
                     )
@@ -105,6 +105,14 @@ class BackgroundWriter(Generic[Record]):
                 self._flushing -= 1
 
     def _run(self) -> None:
+        try:
+            self._write_as_submitted()
+        finally:
+            with self._changed:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _write_as_submitted(self) -> None:
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: bool(self._waiting))

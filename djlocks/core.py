@@ -32,7 +32,7 @@ from djlocks.backends.waiting import Abort
 from djlocks.conf import djlocks_settings
 from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable, LockLost, NotAcquired, NotHeld
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import current_identity
@@ -70,7 +70,7 @@ def _holder_key() -> tuple[int, int]:
     return threading.get_ident(), id(task)
 
 
-def pop_held(held: dict[tuple[int, int], list[T]], guard: ForkSafeLock, owner: object) -> T:
+def pop_held(held: dict[tuple[int, int], list[T]], guard: threading.Lock, owner: object) -> T:
     """What this thread or task filed last in ``held`` (by ``_holder_key``), taken out;
     ``NotHeld`` naming ``owner`` if it filed nothing."""
     with guard:
@@ -164,7 +164,7 @@ class Lock:
             raise ValueError(f"on_busy must be 'raise' or 'skip', not {on_busy!r}.")
         self.on_busy = on_busy
         self._held: dict[tuple[int, int], list[Grant]] = {}
-        self._held_guard = ForkSafeLock()
+        self._held_guard = fork_safe_lock()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._name!r} backend={self.backend_alias!r}>"
@@ -202,7 +202,7 @@ class Lock:
         clone.__dict__.update(self.__dict__)
         clone._name = validate_name(name)
         clone._held = {}
-        clone._held_guard = ForkSafeLock()
+        clone._held_guard = fork_safe_lock()
         return clone
 
     # -- threading.Lock-like handle ------------------------------------------

@@ -155,8 +155,10 @@ class Heartbeat:
             heapq.heapify(self._queue)
 
     def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            if self._thread is None and (warning := green_threads_warning()) is not None:
+        """Start the thread unless it runs (call with the guard held). The thread
+        forgets itself as it ends (``_run``), so a grant costs no ``is_alive()``."""
+        if self._thread is None:
+            if (warning := green_threads_warning()) is not None:
                 renew_log.warning(warning)
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
@@ -188,6 +190,14 @@ class Heartbeat:
             return None
 
     def _run(self) -> None:
+        try:
+            self._renew_when_due()
+        finally:
+            with self._wake:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _renew_when_due(self) -> None:
         while (due := self._next_due()) is not None:
             grant, order = due
             try:

@@ -20,7 +20,7 @@ from typing import Any
 from djlocks.arguments import normalize_timeout, validate_name
 from djlocks.core import _USE_SPEC, Lock, _holder_key, pop_held
 from djlocks.exceptions import LockLost, NotAcquired
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 from djlocks.grant import ExcInfo, Grant
 
 
@@ -47,7 +47,7 @@ class Locks:
         self.timeout = normalize_timeout(timeout)
         self._locks = [Lock(name, **options) for name in unique]
         self._held: dict[tuple[int, int], list[list[Grant]]] = {}
-        self._held_guard = ForkSafeLock()
+        self._held_guard = fork_safe_lock()
 
     @property
     def names(self) -> list[str]:

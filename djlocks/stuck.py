@@ -21,7 +21,7 @@ from django.db import DatabaseError
 
 from djlocks.backends.base import HolderInfo
 from djlocks.events import usual_hold
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 #: A holder is stuck once held this many times its name's usual hold...
 STUCK_FACTOR = 4.0
@@ -34,7 +34,7 @@ USUAL_KEPT, USUAL_KEPT_NAMES = 60.0, 10_000
 
 stuck_log = logging.getLogger("djlocks.dashboard")
 _usual: dict[tuple[str, str], tuple[float, float | None]] = {}  # -> (read at, usual hold)
-_usual_guard = ForkSafeLock()
+_usual_guard = fork_safe_lock()
 
 
 #: A holder's place: (backend, name, slot); a slot has one holder at a time.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,13 +36,16 @@ _RECORDING_NOTHING = () if trace is None else (trace.ProxyTracerProvider, trace.
 Outcome = Callable[["Grant | None"], None]
 
 
-@contextlib.contextmanager
-def acquiring(backend: str, name: str, limit: int) -> Iterator[Outcome]:
+def acquiring(backend: str, name: str, limit: int) -> AbstractContextManager[Outcome]:
     """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``;
     none until a tracer provider is configured."""
     if trace is None or isinstance(trace.get_tracer_provider(), _RECORDING_NOTHING):
-        yield _ignore
-        return
+        return _NOT_TRACED
+    return _span(backend, name, limit)
+
+
+@contextlib.contextmanager
+def _span(backend: str, name: str, limit: int) -> Iterator[Outcome]:
     attributes: dict[str, str | int] = {
         "djlocks.name": name,
         "djlocks.backend": backend,
@@ -69,3 +73,7 @@ def _tracer() -> trace.Tracer:
 
 def _ignore(grant: Grant | None) -> None:
     return None
+
+
+#: What an acquire runs in while no span would record anything.
+_NOT_TRACED: AbstractContextManager[Outcome] = contextlib.nullcontext(_ignore)

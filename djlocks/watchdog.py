@@ -56,7 +56,7 @@ class Watchdog:
             self._planned = min(self._planned, deadline)
             if deadline < self._sleeping_until:
                 self._wake.notify()  # else the thread wakes first, and sees this grant then
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:  # it forgets itself as it ends (``_run``)
                 self._thread = threading.Thread(
                     target=self._run, name="djlocks-watchdog", daemon=True
                 )
@@ -88,6 +88,14 @@ class Watchdog:
             thread.join(wait)
 
     def _run(self) -> None:
+        try:
+            self._tell_when_ran_out()
+        finally:
+            with self._wake:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _tell_when_ran_out(self) -> None:
         while (ran_out := self._next_ran_out()) is not None:
             for grant in ran_out:
                 if time.monotonic() < grant.believe_until():  # renewed since: watch on

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 #: Seconds a process trusts that a name it wrote is still in the store.
 RECHECK = 60.0
@@ -27,12 +27,11 @@ class WrittenNames:
 
     def __init__(self) -> None:
         self._at: dict[Hashable, float] = {}
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._pruned_at_size = 1024
 
     def __contains__(self, name: Hashable) -> bool:
-        with self._guard:
-            at = self._at.get(name)
+        at = self._at.get(name)  # one lookup, atomic: no guard needed to read
         return at is not None and time.monotonic() - at < RECHECK
 
     def discard(self, name: Hashable) -> None:

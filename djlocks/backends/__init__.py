@@ -11,14 +11,14 @@ from django.utils.module_loading import import_string
 
 from djlocks.backends.base import LockBackend
 from djlocks.conf import djlocks_settings
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 
 class BackendHandler:
     """Builds each configured backend once per process and hands it out by alias."""
 
     def __init__(self) -> None:
-        self._lock = ForkSafeLock()
+        self._lock = fork_safe_lock()
         self._backends: dict[str, LockBackend] = {}
         self._built_from: dict[str, Any] | None = None  # DJLOCKS["BACKENDS"] they came from
 

@@ -15,14 +15,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 #: Seconds ``backends.reset()`` waits for the threads still ending a statement; a
 #: kill waits up to 5 s for its victim to end (``pg_terminate_backend``'s timeout).
 RESET_WAIT = 10.0
 
 _running: set[threading.Thread] = set()
-_guard = ForkSafeLock()
+_guard = fork_safe_lock()
 
 
 def start(end_statement: Callable[[], None]) -> None:

@@ -23,7 +23,7 @@ from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
 
 from djlocks import background
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 OnConnect = Callable[[BaseDatabaseWrapper], None]
 #: The settings that tell database servers apart.
@@ -51,7 +51,7 @@ class DedicatedConnections(threading.local):
 
     _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
     _instances: ClassVar[weakref.WeakSet[DedicatedConnections]] = weakref.WeakSet()
-    _every_thread_guard: ClassVar[ForkSafeLock] = ForkSafeLock()
+    _every_thread_guard: ClassVar[threading.Lock] = fork_safe_lock()
 
     @classmethod
     def new_wrapper(cls, using: str) -> BaseDatabaseWrapper:
@@ -267,7 +267,7 @@ class RecordWriting:
     commits need not wait for the log flush (``relaxed_commits``)."""
 
     def __init__(self) -> None:
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._by_alias: dict[str, DedicatedConnections] = {}
 
     def __getitem__(self, using: str) -> DedicatedConnections:

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -56,7 +56,7 @@ class PushListener(ABC):
     thread_name = "djlocks-revocations"
 
     def __init__(self) -> None:
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._watching: dict[str, Callable[[], None]] = {}
         self._run: Run | None = None
         self._pid = os.getpid()
@@ -246,7 +246,7 @@ class ClosedSockets:
     HANG_UP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0)
 
     def __init__(self) -> None:
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._watching: dict[str, tuple[int, Callable[[], None]]] = {}
         self._pid = 0
         self._thread: threading.Thread | None = None
@@ -260,7 +260,7 @@ class ClosedSockets:
                 self._pid, self._thread = os.getpid(), None
                 self._watching.clear()
             self._watching[key] = (socket, notice)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:  # it forgets itself as it ends (``_serve``)
                 self._thread = threading.Thread(
                     target=self._serve, name="djlocks-session-watch", daemon=True
                 )
@@ -273,6 +273,14 @@ class ClosedSockets:
                 del self._watching[key]
 
     def _serve(self) -> None:
+        try:
+            self._poll_until_idle()
+        finally:
+            with self._guard:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _poll_until_idle(self) -> None:
         idle_since: float | None = None
         while True:
             with self._guard:
@@ -282,7 +290,6 @@ class ClosedSockets:
                 elif idle_since is None:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= IDLE_STOP:
-                    self._thread = None
                     return
             poller = select.poll()
             for fd in sockets:

@@ -32,8 +32,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -108,25 +107,20 @@ def _cycle_through(
     return path if walk(start) else None
 
 
-@contextmanager
-def watched(check: Callable[[], bool], kill: Callable[[], None]) -> Iterator[_Watch]:
-    """Around a wait in the server: after ``CHECK_AFTER`` seconds, if ``check()`` says
-    this wait is a deadlock's victim, ``kill()`` its session. Yields the wait's watch,
-    whose ``victim`` is then true; the wait then fails, and the caller raises
-    ``LockDeadlock``.
+def watched(check: Callable[[], bool], kill: Callable[[], None]) -> _Watch:
+    """Around a wait in the server (``with watched(check, kill) as watch:``): after
+    ``CHECK_AFTER`` seconds, if ``check()`` says this wait is a deadlock's victim,
+    ``kill()`` its session. The watch's ``victim`` is then true; the wait then fails,
+    and the caller raises ``LockDeadlock``.
 
     The checks of every wait of the process run on one thread (``_Watcher``), so a
     wait that ends within ``CHECK_AFTER`` costs no thread of its own."""
-    watch = _Watch(check, kill)
-    _watcher.add(watch)
-    try:
-        yield watch
-    finally:
-        watch.end()
+    return _Watch(check, kill)
 
 
 class _Watch:
-    """One wait's deadlock check; ``end()`` returns once no check of it runs or will."""
+    """One wait's deadlock check, a context manager around the wait; leaving it
+    returns once no check of it runs or will."""
 
     def __init__(self, check: Callable[[], bool], kill: Callable[[], None]) -> None:
         self.due = time.monotonic() + CHECK_AFTER
@@ -134,6 +128,13 @@ class _Watch:
         self._check, self._kill = check, kill
         self._guard = threading.Lock()  # held while the check runs
         self.ended = False
+
+    def __enter__(self) -> _Watch:
+        _watcher.add(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.end()
 
     def run(self) -> None:
         with self._guard:

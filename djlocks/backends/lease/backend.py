@@ -8,6 +8,7 @@ with its fence), ``queue`` (the fair queue of waiters) and ``inspection``
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -57,7 +58,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         "holder hears of it at once (NOTIFY); elsewhere at its next renewal (every TTL/3)"
     )
 
-    @property
+    @functools.cached_property
     def capabilities(self) -> Capabilities:
         """Leases with a FIFO queue; revocations are pushed where releases notify (PostgreSQL)."""
         return Capabilities(

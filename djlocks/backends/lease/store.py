@@ -31,7 +31,7 @@ from djlocks.backends.sql import database_now, lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect
 from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.exceptions import BackendUnavailable
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 SLOTS = "djlocks_lease_slot"
 WAITERS = "djlocks_lease_waiter"
@@ -88,12 +88,12 @@ class LeaseStore(LockBackend):
         # QUEUED_GRANTS_KEPT, in order): their release hands the slot over without
         # first trying the plain release that only frees a name nobody waits for.
         self._queued_grants: dict[str, None] = {}
-        self._queued_grants_guard = ForkSafeLock()
+        self._queued_grants_guard = fork_safe_lock()
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
         self._abandoned: list[int] = []
-        self._abandoned_guard = ForkSafeLock()
+        self._abandoned_guard = fork_safe_lock()
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
         refuse_read_only(wrapper, self.alias)

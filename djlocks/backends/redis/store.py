@@ -25,7 +25,7 @@ from djlocks.backends.redis.replicas import Acknowledgement, replicas_short, run
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 from djlocks.keys import redis_meta_key
 
 #: What redis-py raises when the store cannot do what was asked: a cluster's client
@@ -65,7 +65,7 @@ class RedisStore(LockBackend):
                 f"non-empty letters, digits and '_.-:' (no braces or glob characters)."
             )
         self._client: Redis | RedisCluster | None = None
-        self._client_guard = ForkSafeLock()
+        self._client_guard = fork_safe_lock()
         self._scripts: dict[str, Script] = {}
         self._wakeups = WakeListener(self.redis, self.prefix)
         #: Where forced releases and graceful releases' requests tell holders (``watch``).

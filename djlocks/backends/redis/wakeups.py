@@ -39,7 +39,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from djlocks.backends.redis.nodes import servers
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 
 wakeup_log = logging.getLogger("djlocks.acquire")
 
@@ -81,7 +81,7 @@ class WakeListener:
     def __init__(self, client: Callable[[], Redis | RedisCluster], prefix: str) -> None:
         self._client = client
         self._prefix = prefix
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._waiting: dict[str, Wake] = {}
         self._run: _Run | None = None
         self._pid = 0

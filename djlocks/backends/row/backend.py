@@ -36,7 +36,7 @@ from djlocks.backends.row.transaction import OwnTransaction
 from djlocks.backends.server_records import ROW_TABLES, known_names
 from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockLost
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 from djlocks.keys import table_key
 
 
@@ -62,7 +62,7 @@ class RowLockBackend(LockBackend):
         self.using = database_alias(self.options, "RowLock")
         self.side = DedicatedConnections(self.using)
         self._held: dict[str, _Held] = {}  # live grants of this process, by token
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
 
     @property
     def capabilities(self) -> Capabilities:

@@ -8,6 +8,7 @@ release); the vendors' SQL is in ``djlocks.backends.mysql`` and
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable, Collection
 from contextlib import nullcontext
@@ -55,7 +56,7 @@ class SessionBackend(SessionClaims, SessionInspection):
         "its next keep-alive (every TTL/3)"
     )
 
-    @property
+    @functools.cached_property
     def capabilities(self) -> Capabilities:
         """Server-held locks: free at once when the holder's session ends."""
         return Capabilities(

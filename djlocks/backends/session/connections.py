@@ -31,7 +31,7 @@ from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
 from djlocks.exceptions import BackendUnavailable
-from djlocks.forksafe import ForkSafeLock
+from djlocks.forksafe import fork_safe_lock
 from djlocks.written import WrittenNames
 
 acquire_log = logging.getLogger("djlocks.acquire")
@@ -117,7 +117,7 @@ class SessionStore(LockBackend):
         self.using = database_alias(self.options, "SessionHolder")
         self._idle: list[Session] = []
         self._held: dict[str, Held] = {}
-        self._guard = ForkSafeLock()
+        self._guard = fork_safe_lock()
         self._pid = os.getpid()
         self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
         self._registered = WrittenNames()  # (name, limit) known to the store
