@@ -99,7 +99,8 @@ class Grant:
         self.hold_until = None if max_hold is None else self.granted + max_hold
         self._believe_until = self._within_max_hold(believe_from + ttl * (1 - BELIEF_MARGIN))
         self._lost_reason: str | None = None
-        self._loss_recorded = threading.Event()  # set once a loss is in the history
+        #: Made with the first loss noted, set once that loss is in the history.
+        self._loss_recorded: threading.Event | None = None
         self._loss_teller: int | None = None  # the thread telling listeners of the loss
         self._released = False
         self._release_requested = False
@@ -235,8 +236,9 @@ class Grant:
         """Let the history say so too before the release raises ``LockLost``; not in the
         thread telling listeners of the loss (a listener releasing the grant), whose
         record comes once the listeners return."""
-        if self._loss_teller != threading.get_ident():
-            self._loss_recorded.wait(LOSS_RECORD_WAIT)
+        recorded = self._loss_recorded
+        if recorded is not None and self._loss_teller != threading.get_ident():
+            recorded.wait(LOSS_RECORD_WAIT)
 
     def hand_over(self) -> str:
         """Stop holding the grant in this process without ending it at the store, for
@@ -371,6 +373,7 @@ class Grant:
             if first:
                 self._lost_reason = reason
                 self._loss_teller = threading.get_ident()
+                self._loss_recorded = recorded = threading.Event()
         if take_back:
             self.take_back()
         if not first:
@@ -385,7 +388,7 @@ class Grant:
             try:
                 events.grant_ended(self, Kind.LOST, reason, in_background=record_in_background)
             finally:
-                self._loss_recorded.set()
+                recorded.set()
 
     @property
     def lost_reason(self) -> str | None:

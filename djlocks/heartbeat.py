@@ -60,7 +60,8 @@ class Heartbeat:
         """Start empty: at first, and in a forked child, whose parent's grants are the
         parent's to renew (a forked child never uses them) and whose parent's thread and
         lock states did not come along."""
-        self._wake = threading.Condition()
+        self._guard = threading.Lock()  # a plain lock: cheaper to take than the Condition
+        self._wake = threading.Condition(self._guard)
         self._queue: list[tuple[float, int, Grant]] = []
         # Each renewed grant -> the order of its one live entry in the queue; an entry
         # with another order was superseded (renew_now) and is skipped.
@@ -79,7 +80,7 @@ class Heartbeat:
         not caught inside a store's client when the interpreter finalises, and the
         leases of grants still held end at their TTL)."""
         watchdog.stop()
-        with self._wake:
+        with self._guard:
             self._stopping = True
             self._wake.notify()
             thread = self._thread
@@ -90,7 +91,7 @@ class Heartbeat:
         """Renew ``grant`` every TTL/3 from now on, and at once when its store pushes news."""
         unwatch = self._watch(grant)
         watchdog.watch(grant)
-        with self._wake:
+        with self._guard:
             if unwatch is not None:
                 self._unwatch[grant] = unwatch
             self._schedule(grant, min(time.monotonic() + grant.ttl / 3, grant.believe_until()))
@@ -111,7 +112,7 @@ class Heartbeat:
 
     def renew_now(self, grant: Grant) -> None:
         """Renew ``grant`` at once (its store pushed news of it); nothing once it left."""
-        with self._wake:
+        with self._guard:
             if grant in self._entries:
                 self._schedule(grant, time.monotonic())
 
@@ -121,7 +122,7 @@ class Heartbeat:
 
     def active(self) -> int:
         """How many grants this process is renewing (tests check it drops to 0)."""
-        with self._wake:
+        with self._guard:
             return len(self._entries)
 
     def _schedule(self, grant: Grant, due: float) -> None:
@@ -134,7 +135,7 @@ class Heartbeat:
 
     def _forget(self, grant: Grant) -> None:
         watchdog.discard(grant)
-        with self._wake:
+        with self._guard:
             self._entries.pop(grant, None)
             unwatch = self._unwatch.pop(grant, None)
             self._drop_superseded()
@@ -172,7 +173,7 @@ class Heartbeat:
         it could leave the queue empty and the thread asleep for good, to be woken by
         the next grant's renewal plan (``_schedule``), which would then cost a wake-up
         per grant whenever this thread runs late (a busy machine)."""
-        with self._wake:
+        with self._guard:
             while not self._stopping:
                 if self._queue:
                     due, order, grant = self._queue[0]
@@ -193,7 +194,7 @@ class Heartbeat:
         try:
             self._renew_when_due()
         finally:
-            with self._wake:
+            with self._guard:
                 if self._thread is threading.current_thread():
                     self._thread = None
 
@@ -208,7 +209,7 @@ class Heartbeat:
             if next_due is None:
                 self._forget(grant)
                 continue
-            with self._wake:
+            with self._guard:
                 if self._entries.get(grant) == order:  # not re-planned, nor discarded, meanwhile
                     self._schedule(grant, next_due)
 

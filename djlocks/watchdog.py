@@ -35,7 +35,8 @@ class Watchdog:
     def forget_the_parent(self) -> None:
         """Start empty: at first, and in a forked child (its parent's grants are the
         parent's, and its thread did not come along)."""
-        self._wake = threading.Condition()
+        self._guard = threading.Lock()  # a plain lock: cheaper to take than the Condition
+        self._wake = threading.Condition(self._guard)
         self._grants: set[Grant] = set()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -50,7 +51,7 @@ class Watchdog:
 
     def watch(self, grant: Grant) -> None:
         """Mark ``grant`` lost once ``grant.believe_until()`` passes, unless discarded."""
-        with self._wake:
+        with self._guard:
             self._grants.add(grant)
             deadline = grant.believe_until()
             self._planned = min(self._planned, deadline)
@@ -65,7 +66,7 @@ class Watchdog:
     def moved_earlier(self, grant: Grant) -> None:
         """``grant``'s belief now ends earlier than before (a renewal that found a shorter
         lease): wake the thread if it would sleep past the new deadline."""
-        with self._wake:
+        with self._guard:
             if grant not in self._grants:
                 return  # released, or already told
             deadline = grant.believe_until()
@@ -75,12 +76,12 @@ class Watchdog:
 
     def discard(self, grant: Grant) -> None:
         """Stop watching ``grant`` (released, or lost already)."""
-        with self._wake:
+        with self._guard:
             self._grants.discard(grant)
 
     def stop(self, wait: float = 1.0) -> None:
         """Watch no more; wait up to ``wait`` seconds for listeners being told to return."""
-        with self._wake:
+        with self._guard:
             self._stopping = True
             self._wake.notify()
             thread = self._thread
@@ -91,7 +92,7 @@ class Watchdog:
         try:
             self._tell_when_ran_out()
         finally:
-            with self._wake:
+            with self._guard:
                 if self._thread is threading.current_thread():
                     self._thread = None
 
@@ -110,7 +111,7 @@ class Watchdog:
         """Wait until some watched grants' belief ran out; return them (no longer watched),
         or ``None`` once stopped. A renewal moves a deadline later: the wait still ends at
         the deadline it was set for, finds nothing ran out, and waits again."""
-        with self._wake:
+        with self._guard:
             while not self._stopping:
                 now = time.monotonic()
                 ran_out = [grant for grant in self._grants if grant.believe_until() <= now]
