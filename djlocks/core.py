@@ -73,13 +73,14 @@ def _holder_key() -> tuple[int, int]:
 def pop_held(held: dict[tuple[int, int], list[T]], guard: threading.Lock, owner: object) -> T:
     """What this thread or task filed last in ``held`` (by ``_holder_key``), taken out;
     ``NotHeld`` naming ``owner`` if it filed nothing."""
+    key = _holder_key()
     with guard:
-        stack = held.get(_holder_key())
+        stack = held.get(key)
         if not stack:
             raise NotHeld(f"{owner!r} is not held by this thread or task.")
         item = stack.pop()
         if not stack:
-            del held[_holder_key()]
+            del held[key]
         return item
 
 
