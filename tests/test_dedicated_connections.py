@@ -20,7 +20,8 @@ pytestmark = [
     ),
 ]
 
-SLEEP = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}[connection.vendor]
+#: A statement that waits in the server for the seconds it is given.
+SLEEP = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}.get(connection.vendor, "")
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's connection lock")
