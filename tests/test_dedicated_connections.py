@@ -21,7 +21,8 @@ pytestmark = [
 ]
 
 #: A statement that waits in the server for the seconds it is given.
-SLEEP = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}.get(connection.vendor, "")
+SLEEPS = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}
+SLEEP = SLEEPS.get(connection.vendor, "")
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's connection lock")
