@@ -11,6 +11,7 @@ from django.db import DatabaseError, connection
 
 from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.sql.postgresql import value_at_once
 
 pytestmark = [
     pytest.mark.usefixtures("store"),
@@ -73,3 +74,19 @@ def test_a_reset_waits_for_a_statement_ended_from_the_side() -> None:
     assert running.wait(10)
     backends.reset()
     assert outcome == [None], "reset() closed the connection under the statement"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq, through psycopg")
+def test_a_statement_sent_straight_through_libpq_gives_its_value_or_none_if_it_failed() -> None:
+    """``value_at_once`` (the session lock's unlock): the value as text; ``None`` once the
+    server ended the session, so that the caller runs it through a cursor, whose error
+    says what happened."""
+    own = DedicatedConnections("default")
+    driver = own.get().connection
+    assert value_at_once(driver, b"SELECT pg_advisory_lock($1)::text", (4242,)) == b""
+    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) == b"t"
+    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) == b"f"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [driver.info.backend_pid])
+    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) is None
+    own.discard()

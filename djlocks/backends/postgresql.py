@@ -128,7 +128,12 @@ class AdvisoryLockBackend(SessionBackend):
         return tuple(row[: len(columns)]), None if fence is None else int(fence)
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
+        unlocked = postgresql.value_at_once(
+            session.wrapper.connection, b"SELECT pg_advisory_unlock($1)", (key,)
+        )
+        if unlocked is None:  # failed: again through a cursor, whose error says why
+            return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
+        return unlocked == b"t"
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute(f"SELECT {postgresql.HELD_HERE}", (key,))[0])
