@@ -288,7 +288,10 @@ def test_a_hand_over_held_up_at_the_slot_row_is_not_believed_past_its_lease(
     middle.join(10)
     (held,) = handed
     assert held is not None
-    heir, granted, _ = heir_of(name, ttl=3)
+    # Long enough that the heir takes the notice's grant (queued less than TTL/3 ago)
+    # even on a slow run, not its read-back, which counts from the hand-over's start.
+    ttl = 9
+    heir, granted, _ = heir_of(name, ttl=ttl)
     releasing = threading.Thread(target=held.release)  # a grant releases from any thread
     try:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -302,7 +305,7 @@ def test_a_hand_over_held_up_at_the_slot_row_is_not_believed_past_its_lease(
         heir.join(10)
         (grant,) = granted
         assert grant is not None
-        assert grant.believe_until() <= began + 3 * (1 - BELIEF_MARGIN)
+        assert grant.believe_until() <= began + ttl * (1 - BELIEF_MARGIN)
         grant.release()
     finally:
         releasing.join(10)

@@ -74,9 +74,10 @@ class LeaseQueue(LeaseClaims):
         # its lease counts from, began after this moment: the heir's belief in a
         # lease that a notice hands over counts from here.
         queued_at = time.monotonic()
-        ticket, ahead = self._run(
+        ticket, counted = self._run(
             lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
         )
+        ahead: int | None = counted  # None: to be counted again
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         # PostgreSQL: the waiter's listening session, named in its queue row, hears the
         # release that hands it a slot (``LeaseStore._listen``).
@@ -91,7 +92,7 @@ class LeaseQueue(LeaseClaims):
             # A release wakes this waiter:
             woken = listening or woken_here is not None or self.dialect.waking is not None
             while True:
-                if ahead is None:  # not counted by the enqueue, or a turn ago
+                if ahead is None:  # counted a turn ago
                     ahead, grant = self._run(
                         lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
                     )
@@ -380,11 +381,11 @@ class LeaseQueue(LeaseClaims):
         waiter_ttl: float,
         heir_token: str,
         sleeper: int | None,
-    ) -> tuple[int, int | None]:
+    ) -> tuple[int, int]:
         """Add the caller's waiter row, with the token, TTL and limit a release hands a
         slot over with, and the session it sleeps on (``sleeper``). Returns its ``id``,
-        the ticket, and where the same statement can count them (``RETURNING``), how
-        many live waiters are ahead of it (else ``None``): a round trip less per wait."""
+        the ticket, and how many live waiters are ahead of it, counted in the same
+        round trip (the dialect's ``enqueue``)."""
         d = self.dialect
         ident = request.identity
         sql = (
@@ -406,17 +407,7 @@ class LeaseQueue(LeaseClaims):
             sleeper,
         )
         with closing(db.create_cursor()) as cursor:
-            if d.returning:
-                cursor.execute(
-                    f"{sql} RETURNING id, (SELECT COUNT(*) FROM {WAITERS} ahead "
-                    f"WHERE ahead.name_key = {WAITERS}.name_key "
-                    f"AND ahead.expires_at > {d.now} AND ahead.id < {WAITERS}.id)",
-                    params,
-                )
-                ticket, ahead = cursor.fetchone()
-                return int(ticket), int(ahead)
-            cursor.execute(sql, params)
-            return int(cursor.lastrowid), None
+            return d.enqueue(cursor, sql, params, WAITERS, d.now)
 
     def _waiting_ahead(
         self,

@@ -28,6 +28,10 @@ class LeaseDialect:
     for_update: str
     #: ``UPDATE``/``INSERT ... RETURNING`` exists; else the driver's ``lastrowid``.
     returning: bool
+    #: Runs the ``INSERT`` of a waiter row (``(cursor, insert, params, waiters table,
+    #: now) -> (ticket, ahead)``) and, in the same round trip, counts the live waiters
+    #: of the name ahead of it.
+    enqueue: Callable[[Any, str, Sequence[object], str, str], tuple[int, int]]
     #: Sets ``fence`` to ``fence + 1`` and makes the new value readable.
     fence_increment: str
     #: The fence a new name's slot rows start at: the store's clock in microseconds.
@@ -91,3 +95,18 @@ class LeaseDialect:
     session_id: Callable[[Any], int] | None = None
     #: SQL for the seconds from the store's now until ``{}`` (a moment).
     seconds_until: str = "{}"
+
+
+def enqueue_returning(
+    cursor: Any, insert: str, params: Sequence[object], waiters: str, now: str
+) -> tuple[int, int]:
+    """``insert`` (of a waiter row in ``waiters``) with ``RETURNING``: the row's id, its
+    ticket, and how many live waiters of the name are ahead of it, in one statement."""
+    cursor.execute(
+        f"{insert} RETURNING id, (SELECT COUNT(*) FROM {waiters} ahead "
+        f"WHERE ahead.name_key = {waiters}.name_key "
+        f"AND ahead.expires_at > {now} AND ahead.id < {waiters}.id)",
+        params,
+    )
+    ticket, ahead = cursor.fetchone()
+    return int(ticket), int(ahead)

@@ -66,6 +66,26 @@ def lease_claiming_free_slot(
     raise AssertionError("the batch ended without reading the claim back")
 
 
+def lease_enqueue(
+    cursor: Any, insert: str, params: Sequence[object], waiters: str, now: str
+) -> tuple[int, int]:
+    """``insert`` (of a waiter row in ``waiters``), then, in the same round trip (a
+    batch of two statements), the row's id, its ticket, and how many live waiters of
+    the name are ahead of it: MySQL has no ``INSERT ... RETURNING`` (MariaDB's is
+    10.5's), and ``LAST_INSERT_ID()`` is the session's last inserted id."""
+    cursor.execute(
+        f"{insert}; SELECT LAST_INSERT_ID(), (SELECT COUNT(*) FROM {waiters} ahead "
+        f"WHERE ahead.name_key = (SELECT name_key FROM {waiters} WHERE id = LAST_INSERT_ID()) "
+        f"AND ahead.expires_at > {now} AND ahead.id < LAST_INSERT_ID())",
+        params,
+    )
+    while cursor.nextset():  # the insert's outcome first; an error raises here
+        if cursor.description:
+            ticket, ahead = cursor.fetchone()
+            return int(ticket), int(ahead)
+    raise AssertionError("the batch ended without counting the waiters ahead")
+
+
 #: The heir a hand-over release chose, in the batch's user variables.
 HEIR = ("id", "token", "ttl", "host", "pid", "thread", "label", "connection_id", "slot_limit")
 
@@ -207,6 +227,7 @@ LEASE = LeaseDialect(
     plus_seconds="UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND",
     for_update=" FOR UPDATE",
     returning=False,
+    enqueue=lease_enqueue,
     # No UPDATE ... RETURNING: LAST_INSERT_ID(expr) hands the new value back in the
     # OK packet (cursor.lastrowid), in the same round trip.
     fence_increment="fence = LAST_INSERT_ID(fence + 1)",

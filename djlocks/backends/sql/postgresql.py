@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
-from djlocks.backends.sql.dialects import LeaseDialect
+from djlocks.backends.sql.dialects import LeaseDialect, enqueue_returning
 
 # -- History (djlocks.events) ------------------------------------------------
 
@@ -274,6 +274,7 @@ LEASE = LeaseDialect(
     plus_seconds="statement_timestamp() + %s * interval '1 second'",
     for_update=" FOR UPDATE",
     returning=True,
+    enqueue=enqueue_returning,
     fence_increment="fence = fence + 1",
     first_fence=FIRST_FENCE,
     begin="BEGIN",

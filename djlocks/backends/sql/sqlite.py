@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from djlocks.backends.sql.dialects import LeaseDialect
+from djlocks.backends.sql.dialects import LeaseDialect, enqueue_returning
 
 # -- History (djlocks.events) ------------------------------------------------
 
@@ -40,6 +40,7 @@ LEASE = LeaseDialect(
     plus_seconds="strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)",
     for_update="",
     returning=True,
+    enqueue=enqueue_returning,
     fence_increment="fence = fence + 1",
     first_fence=FIRST_FENCE,
     # No row locks: IMMEDIATE takes the database's write lock up front.
