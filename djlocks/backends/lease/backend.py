@@ -12,7 +12,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Collection
-from contextlib import closing
 from datetime import UTC, datetime, timedelta
 
 from django.core.checks import CheckMessage, Error
@@ -25,6 +24,7 @@ from djlocks.backends.base import (
     GrantRecord,
     unknown_database,
 )
+from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.driver import driver_messages
 from djlocks.backends.lease.inspection import LeaseInspection
 from djlocks.backends.lease.queue import LeaseQueue
@@ -183,7 +183,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
                 f"WHERE token = %s AND expires_at > {d.now} AND release_by IS NULL"
             )
             params = (d.seconds_param(ttl), token)
-            with closing(db.create_cursor()) as cursor:
+            with statement_cursor(db) as cursor:
                 if d.returning:
                     cursor.execute(sql + " RETURNING expires_at", params)
                     row = cursor.fetchone()
@@ -222,7 +222,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         """False if the grant ``token`` ended, True if it is live, or the
         ``ReleaseRequested`` to raise while an operator asks for it back."""
         now = self.dialect.now
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(
                 f"SELECT release_by IS NOT NULL, expires_at, {now} FROM {SLOTS} "
                 f"WHERE token = %s AND expires_at > {now}",

@@ -16,14 +16,13 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from contextlib import closing
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
+from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.store import (
     SLOTS,
     WAITERS,
@@ -41,8 +40,11 @@ SHAPE_RECHECK = 1.0
 #: Claims tried in a row while they meet a deadlock or a busy database.
 CLAIM_RETRIES = 20
 
-#: A one-statement claim: (connection, request, name key, ticket, token) -> grant or None.
-ClaimStatement = Callable[[BaseDatabaseWrapper, AcquireRequest, str, int, str], GrantRecord | None]
+#: A one-statement claim: (connection, request, name key, ticket, token, the monotonic
+#: moment the claim was sent) -> grant or None.
+ClaimStatement = Callable[
+    [BaseDatabaseWrapper, AcquireRequest, str, int, str, float], GrantRecord | None
+]
 
 
 class LeaseClaims(LeaseStore):
@@ -57,21 +59,22 @@ class LeaseClaims(LeaseStore):
                 sent = time.monotonic()  # the lease cannot start before the claim is sent
                 try:
                     if at_once is not None:
-                        grant = self._run(
-                            lambda db: at_once(db, request, key, ticket, token), retry=False
+                        grant = self._run(  # runs now, in this turn: B023 does not apply
+                            lambda db: at_once(db, request, key, ticket, token, sent),  # noqa: B023
+                            retry=False,
                         )
                         # A miss means "busy" once the rows are known to have the
                         # request's limit; the shape is re-checked now and then, in case
                         # it changed.
                         confirmed = self._shaped.get((key, request.limit), -SHAPE_RECHECK)
                         if grant is not None or time.monotonic() - confirmed < SHAPE_RECHECK:
-                            return grant and replace(grant, requested_at=sent)
+                            return grant
                     grant = self._run(
-                        lambda db: self._claim_slot(db, request, key, ticket, token),
+                        lambda db: self._claim_slot(db, request, key, ticket, token, sent),  # noqa: B023
                         retry=False,
                     )
                     self._shaped[key, request.limit] = time.monotonic()
-                    return grant and replace(grant, requested_at=sent)
+                    return grant
                 except Contention:
                     time.sleep(secrets.randbelow(2000) / 1_000_000)
             raise BackendUnavailable(
@@ -113,6 +116,7 @@ class LeaseClaims(LeaseStore):
         key: str,
         ticket: int,
         token: str,
+        sent: float,
     ) -> GrantRecord | None:
         d = self.dialect
         ident = request.identity
@@ -137,18 +141,18 @@ class LeaseClaims(LeaseStore):
             key,
             ticket,
         )
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             if d.returning:
                 cursor.execute(sql + " RETURNING fence, expires_at", params)
                 row = cursor.fetchone()
                 if row is None:
                     return None
-                return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]))
+                return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]), requested_at=sent)
             cursor.execute(sql, params)
             if cursor.rowcount != 1:
                 return None
             estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
-            return GrantRecord(token, 0, int(cursor.lastrowid), estimate)
+            return GrantRecord(token, 0, int(cursor.lastrowid), estimate, requested_at=sent)
 
     def _claim_free_slot(
         self,
@@ -157,6 +161,7 @@ class LeaseClaims(LeaseStore):
         key: str,
         ticket: int,
         token: str,
+        sent: float,
     ) -> GrantRecord | None:
         """``_claim_slot`` in one round trip, for rows that exist with the request's
         limit (``LeaseDialect.claim_free_slot``)."""
@@ -174,11 +179,11 @@ class LeaseClaims(LeaseStore):
             "thread": ident.thread,
             "label": ident.label,
         }
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             row = claim(cursor, SLOTS, WAITERS, params)
         if row is None:
             return None
-        return GrantRecord(token, int(row[0]), int(row[1]), as_datetime(row[2]))
+        return GrantRecord(token, int(row[0]), int(row[1]), as_datetime(row[2]), requested_at=sent)
 
     def _claim_slot(
         self,
@@ -187,6 +192,7 @@ class LeaseClaims(LeaseStore):
         key: str,
         ticket: int,
         token: str,
+        sent: float,
     ) -> GrantRecord | None:
         d = self.dialect
         ident = request.identity
@@ -195,7 +201,7 @@ class LeaseClaims(LeaseStore):
             f"(cooldown_until IS NULL OR cooldown_until <= {d.now}) "
             f"FROM {SLOTS} WHERE name_key = %s ORDER BY slot{d.for_update}"
         )
-        with transaction(db, d.begin), closing(db.create_cursor()) as cursor:
+        with transaction(db, d.begin), statement_cursor(db) as cursor:
             cursor.execute(slots, (key,))
             rows: Sequence[Sequence[Any]] = cursor.fetchall()
             created = not rows
@@ -234,7 +240,7 @@ class LeaseClaims(LeaseStore):
             expires_at = as_datetime(cursor.fetchone()[0])
         if created:
             acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
-        return GrantRecord(token, slot, fence, expires_at)
+        return GrantRecord(token, slot, fence, expires_at, requested_at=sent)
 
     def _create_slots(self, cursor: Any, request: AcquireRequest, key: str) -> None:
         """Insert a new name's slot rows, their fence at the store's clock in

@@ -6,7 +6,6 @@ Read through Django's ORM on the models (``LeaseSlot``, ``LeaseWaiter``), with
 
 from __future__ import annotations
 
-from contextlib import closing
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo, in_queue_order
+from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.store import SLOTS, WAITERS, LeaseStore, transaction
 from djlocks.events import events
 from djlocks.keys import table_key
@@ -172,7 +172,7 @@ class LeaseInspection(LeaseStore):
 
     def _idle_keys(self, db: BaseDatabaseWrapper, idle: float, after: str) -> list[str]:
         """Up to ``IDLE_BATCH`` keys after ``after``, in order, whose rows are all idle."""
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(
                 f"SELECT name_key FROM {SLOTS} WHERE name_key > %s GROUP BY name_key "
                 f"HAVING max({self._busy(idle)}) = 0 ORDER BY name_key LIMIT {IDLE_BATCH}",
@@ -184,7 +184,7 @@ class LeaseInspection(LeaseStore):
         """Lock the rows of ``keys``, and delete those of the names still idle."""
         d = self.dialect
         among = ", ".join(["%s"] * len(keys))
-        with transaction(db, d.begin), closing(db.create_cursor()) as cursor:
+        with transaction(db, d.begin), statement_cursor(db) as cursor:
             cursor.execute(
                 f"SELECT name_key, {self._busy(idle)} FROM {SLOTS} WHERE name_key IN ({among}) "
                 f"ORDER BY name_key, slot{d.for_update}",

@@ -32,6 +32,7 @@ from django.db import DatabaseError, Error
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import AcquireRequest, GrantRecord
+from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.claims import LeaseClaims
 from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
@@ -164,7 +165,7 @@ class LeaseQueue(LeaseClaims):
         first = sqlite.lease_first_waiters(WAITERS, "%s", "%s")
 
         def tickets(db: BaseDatabaseWrapper) -> list[int]:
-            with closing(db.create_cursor()) as cursor:
+            with statement_cursor(db) as cursor:
                 cursor.execute(first, (key, limit))
                 return [int(ticket) for (ticket,) in cursor.fetchall()]
 
@@ -181,7 +182,7 @@ class LeaseQueue(LeaseClaims):
         assert hand_over is not None
 
         def release(db: BaseDatabaseWrapper) -> tuple[int, int | None]:
-            with closing(db.create_cursor()) as cursor:
+            with statement_cursor(db) as cursor:
                 return hand_over(cursor, SLOTS, WAITERS, token)
 
         released, heir = self._run(release)
@@ -197,7 +198,7 @@ class LeaseQueue(LeaseClaims):
         assert wake is not None
 
         def end_the_sleep(db: BaseDatabaseWrapper) -> None:
-            with closing(db.create_cursor()) as cursor:
+            with statement_cursor(db) as cursor:
                 wake(cursor, session)
 
         try:
@@ -406,7 +407,7 @@ class LeaseQueue(LeaseClaims):
             request.limit,
             sleeper,
         )
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             return d.enqueue(cursor, sql, params, WAITERS, d.now)
 
     def _waiting_ahead(
@@ -419,7 +420,7 @@ class LeaseQueue(LeaseClaims):
     ) -> tuple[int, GrantRecord | None]:
         """How many live waiters are ahead of ``ticket``, and the grant a release handed
         over with ``heir_token``, if any."""
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             if self.dialect.hand_over is None:
                 return self._count_ahead(cursor, key, ticket), None
             now = self.dialect.now

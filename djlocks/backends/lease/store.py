@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -21,7 +21,7 @@ from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
-from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.dedicated import DedicatedConnections, statement_cursor
 from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.missing_table import missing_table_hint
@@ -183,7 +183,7 @@ class LeaseStore(LockBackend):
         db: BaseDatabaseWrapper, sql: str, params: Sequence[object] | Mapping[str, object]
     ) -> int:
         """Run one statement; the number of rows it changed."""
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
 
@@ -219,7 +219,7 @@ class LeaseStore(LockBackend):
         wakeups, returning_heads = self.host_wakeups, self.dialect.returning_heads
         if wakeups is None or returning_heads is None:
             return self._execute(db, update, params)
-        with closing(db.create_cursor()) as cursor:
+        with statement_cursor(db) as cursor:
             cursor.execute(returning_heads(update, SLOTS, WAITERS), params)
             rows = cursor.fetchall()  # all of them: the statement ends, and commits
         wakeups.wake(int(ticket) for (heads,) in rows if heads for ticket in heads.split(","))
@@ -239,7 +239,7 @@ class LeaseStore(LockBackend):
 @contextmanager
 def transaction(db: BaseDatabaseWrapper, begin: str) -> Iterator[None]:
     """A transaction on the dedicated connection ``db``, which is otherwise in autocommit."""
-    with closing(db.create_cursor()) as cursor:
+    with statement_cursor(db) as cursor:
         cursor.execute(begin, ())
         try:
             yield
