@@ -254,9 +254,11 @@ def _close_quietly(connection: object) -> None:
 def _is_stale(wrapper: BaseDatabaseWrapper) -> bool:
     """True if Django's alias now names another database than ``wrapper`` connects to.
 
-    Only a test run changes a database's ``NAME``: to the test database and back.
+    Only a test run changes a database's ``NAME``: to the test database and back, in
+    the settings that every thread's Django connection shares (``connections.settings``,
+    read here without the per-thread lookup of ``connections[alias]``).
     """
-    return bool(wrapper.settings_dict["NAME"] != connections[wrapper.alias].settings_dict["NAME"])
+    return bool(wrapper.settings_dict["NAME"] != connections.settings[wrapper.alias]["NAME"])
 
 
 @receiver(connection_created)
