@@ -284,7 +284,8 @@ class Grant:
                 renewal_started + length * (1 - BELIEF_MARGIN)
             )
             self.expires_at = expires_at
-        if self._believe_until < believed_until:
+            shortened = self._believe_until < believed_until
+        if shortened:
             watchdog.moved_earlier(self)
 
     def _within_max_hold(self, moment: float) -> float:

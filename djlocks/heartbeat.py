@@ -68,6 +68,7 @@ class Heartbeat:
         self._entries: dict[Grant, int] = {}
         self._unwatch: dict[Grant, Callable[[], None]] = {}
         self._thread: threading.Thread | None = None
+        self._warned = False  # of green threads (``green_threads_warning``)
         self._stopping = False
         #: The monotonic time the thread sleeps until: ``math.inf`` until woken,
         #: ``-math.inf`` while it is awake (it reads the queue before it sleeps again).
@@ -159,8 +160,9 @@ class Heartbeat:
         """Start the thread unless it runs (call with the guard held). The thread
         forgets itself as it ends (``_run``), so a grant costs no ``is_alive()``."""
         if self._thread is None:
-            if (warning := green_threads_warning()) is not None:
+            if not self._warned and (warning := green_threads_warning()) is not None:
                 renew_log.warning(warning)
+            self._warned = True  # the first heartbeat of a process warns, not a restart
             self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
             self._thread.start()
 

@@ -9,6 +9,7 @@ import time
 import pytest
 from django.db import DatabaseError, connection
 
+from djlocks import Lock, LockLost
 from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.sql.postgresql import value_at_once
@@ -89,4 +90,15 @@ def test_a_statement_sent_straight_through_libpq_gives_its_value_or_none_if_it_f
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [driver.info.backend_pid])
     assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) is None
+    assert value_at_once(None, b"SELECT 1", ()) is None  # closed by Django
     own.discard()
+
+
+def test_a_session_lock_whose_connection_a_reset_closed_is_lost_at_release() -> None:
+    """``backends.reset()`` closes every djlocks connection, a holder's too: the server
+    then frees the lock, and the release says it was lost."""
+    grant = Lock("dedicated:reset", backend="session").acquire_grant(timeout=0)
+    assert grant is not None
+    backends.reset()
+    with pytest.raises(LockLost):
+        grant.release()

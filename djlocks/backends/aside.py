@@ -39,7 +39,12 @@ def start(end_statement: Callable[[], None]) -> None:
     thread = threading.Thread(target=run, name="djlocks-cancel", daemon=True)
     with _guard:
         _running.add(thread)
-    thread.start()
+    try:
+        thread.start()
+    except BaseException:  # no thread to wait for ("can't start new thread")
+        with _guard:
+            _running.discard(thread)
+        raise
 
 
 def wait_for_all(seconds: float = RESET_WAIT) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -30,7 +31,7 @@ OnConnect = Callable[[BaseDatabaseWrapper], None]
 #: The settings that tell database servers apart.
 SERVER_KEYS = ("ENGINE", "HOST", "PORT")
 release_log = logging.getLogger("djlocks.release")
-#: Seconds ``close_all()`` waits for a cancelled statement of another thread to end.
+#: Seconds ``close_all()`` waits, per connection, for another thread's statement to end.
 CLOSE_WAIT = 5.0
 T = TypeVar("T")
 
@@ -218,32 +219,44 @@ def _close_when_idle(wrapper: BaseDatabaseWrapper) -> None:
     psycopg 3 holds the connection's ``lock`` while a statement runs, and closing
     the connection under it frees what that statement's thread still reads (a
     crash). A statement still running is cancelled (``cancel_safe``, which is
-    thread-safe) and the lock awaited for at most ``CLOSE_WAIT`` seconds; a
-    connection still busy then is left open, for its thread to finish with, and
-    logged. mysqlclient has no such lock: djlocks itself runs no statement from
-    another thread when ``backends.reset()`` closes (see ``aside``).
+    thread-safe), and the connection is closed once its lock is free, within
+    ``CLOSE_WAIT`` seconds in all; a connection still busy then is left open, for
+    its thread to finish with, and logged. Only the driver's connection is closed
+    under the lock: Django's pool (``OPTIONS["pool"]``) would roll back a connection
+    it takes back, which takes that lock again. mysqlclient has no such lock: djlocks
+    itself runs no statement from another thread when ``backends.reset()`` closes
+    (see ``aside``).
     """
     driver = wrapper.connection
     lock = getattr(driver, "lock", None)
-    if lock is None:
-        with contextlib.suppress(Exception):
-            wrapper.close()
-        return
-    if not lock.acquire(blocking=False):
-        with contextlib.suppress(Exception):
-            driver.cancel_safe(timeout=CLOSE_WAIT)
-        if not lock.acquire(timeout=CLOSE_WAIT):
-            release_log.warning(
-                "left a connection open: another thread's statement on it did not end "
-                "within %s s of its cancel",
-                CLOSE_WAIT,
-            )
-            return
-    try:
-        with contextlib.suppress(Exception):
-            wrapper.close()
-    finally:
-        lock.release()
+    if lock is not None:
+        deadline = time.monotonic() + CLOSE_WAIT
+        if not lock.acquire(blocking=False):
+            if _runs_a_statement(driver):
+                with contextlib.suppress(Exception):
+                    driver.cancel_safe(timeout=CLOSE_WAIT)
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                release_log.warning(
+                    "left a connection open: another thread's statement on it did not end "
+                    "within %s s of its cancel",
+                    CLOSE_WAIT,
+                )
+                return
+        try:
+            with contextlib.suppress(Exception):
+                driver.close()
+        finally:
+            lock.release()
+    with contextlib.suppress(Exception):
+        wrapper.close()  # Django's part: forget the connection, or give it back to the pool
+
+
+def _runs_a_statement(driver: Any) -> bool:
+    """Whether a statement runs on the psycopg connection ``driver`` now (read, without
+    its lock, from libpq), so that a cancel cannot end the next one instead."""
+    from psycopg import pq
+
+    return bool(driver.pgconn.transaction_status == pq.TransactionStatus.ACTIVE)
 
 
 def _close_quietly(connection: object) -> None:

@@ -290,6 +290,7 @@ class ClosedSockets:
                 elif idle_since is None:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= IDLE_STOP:
+                    self._thread = None  # in the guard: a watch from now on starts a thread
                     return
             poller = select.poll()
             for fd in sockets:

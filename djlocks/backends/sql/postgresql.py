@@ -98,14 +98,17 @@ def value_at_once(connection: Any, sql: bytes, params: Sequence[object]) -> byte
     psycopg ``connection`` straight through libpq (``connection.pgconn``, psycopg's
     documented libpq wrapper; ``$1`` parameters, sent as text): a cursor's execute costs
     some 600 Python bytecodes more, about a tenth of a lock's acquire and release.
-    ``None`` if the statement did not run cleanly (an error, a connection that failed):
-    run it through a cursor then, whose errors say what happened.
+    ``None`` if the statement did not run cleanly (an error, a connection that failed or
+    was closed, ``connection`` ``None``): run it through a cursor then, whose errors say
+    what happened.
 
     Under the connection's ``lock``, as psycopg's own statements run; libpq's call
     releases the GIL while it waits for the reply.
     """
     from psycopg import Error, pq
 
+    if connection is None:  # closed (``backends.reset()``): the cursor says so
+        return None
     try:
         with connection.lock:
             result = connection.pgconn.exec_params(sql, [str(param).encode() for param in params])
