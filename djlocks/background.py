@@ -22,6 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from djlocks.own_thread import OwnThread
+
 writer_log = logging.getLogger("djlocks.background")
 
 Record = TypeVar("Record")
@@ -70,7 +72,7 @@ class BackgroundWriter(Generic[Record]):
         self._submitted = 0  # records handed over since the start
         self._written = 0  # of these, records written (or dropped by a failed write)
         self._flushing = 0  # callers of flush() waiting
-        self._thread: threading.Thread | None = None
+        self._own = OwnThread(self._guard, self._write_as_submitted, self._thread_name)
 
     def submit(self, records: list[Record]) -> None:
         """Write ``records`` soon, on the writer's thread; at once, on the caller's, if
@@ -85,11 +87,7 @@ class BackgroundWriter(Generic[Record]):
                 waiting = len(self._waiting)
                 if waiting == len(records) or waiting >= BATCH_RECORDS:  # was idle, or is full
                     self._changed.notify_all()
-                if self._thread is None:  # it forgets itself if it ends (``_run``)
-                    self._thread = threading.Thread(
-                        target=self._run, name=self._thread_name, daemon=True
-                    )
-                    self._thread.start()
+                self._own.start_unless_running()
         if overflow:
             self._write_at_once(records)
 
@@ -104,14 +102,6 @@ class BackgroundWriter(Generic[Record]):
                 return self._changed.wait_for(lambda: self._written >= target, timeout)
             finally:
                 self._flushing -= 1
-
-    def _run(self) -> None:
-        try:
-            self._write_as_submitted()
-        finally:
-            with self._changed:
-                if self._thread is threading.current_thread():
-                    self._thread = None
 
     def _write_as_submitted(self) -> None:
         while True:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from djlocks import metrics
 from djlocks.exceptions import BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.green import green_threads_warning
+from djlocks.own_thread import OwnThread
 from djlocks.watchdog import watchdog
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class Heartbeat:
         # with another order was superseded (renew_now) and is skipped.
         self._entries: dict[Grant, int] = {}
         self._unwatch: dict[Grant, Callable[[], None]] = {}
-        self._thread: threading.Thread | None = None
+        self._own = OwnThread(self._guard, self._renew_when_due, "djlocks-heartbeat")
         self._warned = False  # of green threads (``green_threads_warning``)
         self._stopping = False
         #: The monotonic time the thread sleeps until: ``math.inf`` until woken,
@@ -84,7 +85,7 @@ class Heartbeat:
         with self._guard:
             self._stopping = True
             self._wake.notify()
-            thread = self._thread
+            thread = self._own.thread
         if thread is not None:
             thread.join(wait)
 
@@ -157,14 +158,12 @@ class Heartbeat:
             heapq.heapify(self._queue)
 
     def _ensure_thread(self) -> None:
-        """Start the thread unless it runs (call with the guard held). The thread
-        forgets itself as it ends (``_run``), so a grant costs no ``is_alive()``."""
-        if self._thread is None:
-            if not self._warned and (warning := green_threads_warning()) is not None:
+        """Start the thread unless it runs (call with the guard held)."""
+        if self._own.thread is None and not self._warned:
+            if (warning := green_threads_warning()) is not None:
                 renew_log.warning(warning)
             self._warned = True  # the first heartbeat of a process warns, not a restart
-            self._thread = threading.Thread(target=self._run, name="djlocks-heartbeat", daemon=True)
-            self._thread.start()
+        self._own.start_unless_running()
 
     def _next_due(self) -> tuple[Grant, int] | None:
         """Wait for the next renewal that is due; return its grant and its entry's order,
@@ -191,14 +190,6 @@ class Heartbeat:
                     self._wake.wait()
                 self._sleeping_until = -math.inf  # awake: it reads the queue before sleeping
             return None
-
-    def _run(self) -> None:
-        try:
-            self._renew_when_due()
-        finally:
-            with self._guard:
-                if self._thread is threading.current_thread():
-                    self._thread = None
 
     def _renew_when_due(self) -> None:
         while (due := self._next_due()) is not None:

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from djlocks.own_thread import OwnThread
+
 if TYPE_CHECKING:
     from djlocks.grant import Grant
 
@@ -38,7 +40,7 @@ class Watchdog:
         self._guard = threading.Lock()  # a plain lock: cheaper to take than the Condition
         self._wake = threading.Condition(self._guard)
         self._grants: set[Grant] = set()
-        self._thread: threading.Thread | None = None
+        self._own = OwnThread(self._guard, self._tell_when_ran_out, "djlocks-watchdog")
         self._stopping = False
         #: The monotonic time the thread sleeps until: ``math.inf`` until woken,
         #: ``-math.inf`` while it is awake (it reads the grants before it sleeps again).
@@ -57,11 +59,7 @@ class Watchdog:
             self._planned = min(self._planned, deadline)
             if deadline < self._sleeping_until:
                 self._wake.notify()  # else the thread wakes first, and sees this grant then
-            if self._thread is None:  # it forgets itself as it ends (``_run``)
-                self._thread = threading.Thread(
-                    target=self._run, name="djlocks-watchdog", daemon=True
-                )
-                self._thread.start()
+            self._own.start_unless_running()
 
     def moved_earlier(self, grant: Grant) -> None:
         """``grant``'s belief now ends earlier than before (a renewal that found a shorter
@@ -84,17 +82,9 @@ class Watchdog:
         with self._guard:
             self._stopping = True
             self._wake.notify()
-            thread = self._thread
+            thread = self._own.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(wait)
-
-    def _run(self) -> None:
-        try:
-            self._tell_when_ran_out()
-        finally:
-            with self._guard:
-                if self._thread is threading.current_thread():
-                    self._thread = None
 
     def _tell_when_ran_out(self) -> None:
         while (ran_out := self._next_ran_out()) is not None:

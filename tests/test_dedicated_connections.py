@@ -27,54 +27,50 @@ SLEEPS = {"postgresql": "SELECT pg_sleep(%s)", "mysql": "SELECT SLEEP(%s)"}
 SLEEP = SLEEPS.get(connection.vendor, "")
 
 
+class ServerSleep:
+    """A statement that sleeps ``seconds`` in the server, on a dedicated connection of
+    the thread that calls it; ``outcome`` gets ``None`` or the error it ended with."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.outcome: list[object] = []
+        self.running = threading.Event()
+
+    def __call__(self) -> None:
+        own = DedicatedConnections("default")
+        try:
+            with own.cursor() as cursor:
+                self.running.set()
+                cursor.execute(SLEEP, [self.seconds])
+            self.outcome.append(None)
+        except DatabaseError as exc:
+            self.outcome.append(exc)
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="psycopg's connection lock")
 def test_closing_every_connection_first_cancels_a_statement_another_thread_runs() -> None:
     """psycopg frees a connection's state at close(): closing it under a running
     statement crashed a test run. The statement is cancelled and ends first."""
-    outcome: list[object] = []
-    running = threading.Event()
-
-    def sleep() -> None:
-        own = DedicatedConnections("default")
-        try:
-            with own.cursor() as cursor:
-                running.set()
-                cursor.execute(SLEEP, [30])
-            outcome.append(None)
-        except DatabaseError as exc:
-            outcome.append(exc)
-
+    sleep = ServerSleep(30)
     thread = threading.Thread(target=sleep)
     thread.start()
-    assert running.wait(10)
+    assert sleep.running.wait(10)
     time.sleep(0.3)  # inside pg_sleep
     began = time.monotonic()
     DedicatedConnections.close_all()
     thread.join(10)
     assert time.monotonic() - began < 5
-    assert len(outcome) == 1 and "canceling statement" in str(outcome[0]), outcome
+    assert len(sleep.outcome) == 1 and "canceling statement" in str(sleep.outcome[0])
 
 
 def test_a_reset_waits_for_a_statement_ended_from_the_side() -> None:
     """A thread that kills or cancels an aborted wait's statement uses a connection of
     its own; ``backends.reset()`` lets it finish before closing every connection."""
-    outcome: list[object] = []
-    running = threading.Event()
-
-    def end_statement() -> None:
-        own = DedicatedConnections("default")
-        try:
-            with own.cursor() as cursor:
-                running.set()
-                cursor.execute(SLEEP, [0.5])
-            outcome.append(None)
-        except DatabaseError as exc:
-            outcome.append(exc)
-
-    aside.start(end_statement)
-    assert running.wait(10)
+    sleep = ServerSleep(0.5)
+    aside.start(sleep)
+    assert sleep.running.wait(10)
     backends.reset()
-    assert outcome == [None], "reset() closed the connection under the statement"
+    assert sleep.outcome == [None], "reset() closed the connection under the statement"
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq, through psycopg")

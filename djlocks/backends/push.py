@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from djlocks.forksafe import fork_safe_lock
+from djlocks.own_thread import OwnThread
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -249,7 +250,10 @@ class ClosedSockets:
         self._guard = fork_safe_lock()
         self._watching: dict[str, tuple[int, Callable[[], None]]] = {}
         self._pid = 0
-        self._thread: threading.Thread | None = None
+        self._own = self._new_thread()
+
+    def _new_thread(self) -> OwnThread:
+        return OwnThread(self._guard, self._poll_until_idle, "djlocks-session-watch")
 
     def watch(self, key: str, socket: int, notice: Callable[[], None]) -> Callable[[], None]:
         """Call ``notice()`` once when the peer of the socket ``socket`` (a file
@@ -257,28 +261,16 @@ class ClosedSockets:
         the socket is closed."""
         with self._guard:
             if self._pid != os.getpid():  # first use, or a forked child
-                self._pid, self._thread = os.getpid(), None
+                self._pid, self._own = os.getpid(), self._new_thread()
                 self._watching.clear()
             self._watching[key] = (socket, notice)
-            if self._thread is None:  # it forgets itself as it ends (``_serve``)
-                self._thread = threading.Thread(
-                    target=self._serve, name="djlocks-session-watch", daemon=True
-                )
-                self._thread.start()
+            self._own.start_unless_running()
         return functools.partial(self._unwatch, key, notice)
 
     def _unwatch(self, key: str, notice: Callable[[], None]) -> None:
         with self._guard:
             if self._watching.get(key, (0, None))[1] is notice:
                 del self._watching[key]
-
-    def _serve(self) -> None:
-        try:
-            self._poll_until_idle()
-        finally:
-            with self._guard:
-                if self._thread is threading.current_thread():
-                    self._thread = None
 
     def _poll_until_idle(self) -> None:
         idle_since: float | None = None
@@ -290,7 +282,7 @@ class ClosedSockets:
                 elif idle_since is None:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= IDLE_STOP:
-                    self._thread = None  # in the guard: a watch from now on starts a thread
+                    self._own.ending()  # in the guard: a watch from now on starts a thread
                     return
             poller = select.poll()
             for fd in sockets:
