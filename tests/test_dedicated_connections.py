@@ -12,6 +12,7 @@ from django.db import DatabaseError, connection
 from djlocks import Lock, LockLost
 from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.sql.mysql import released_at_once
 from djlocks.backends.sql.postgresql import value_at_once
 
 pytestmark = [
@@ -98,3 +99,23 @@ def test_a_session_lock_whose_connection_a_reset_closed_is_lost_at_release() -> 
     backends.reset()
     with pytest.raises(LockLost):
         grant.release()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="mysqlclient's C API wrapper")
+def test_a_release_lock_without_a_cursor_says_whether_it_held_or_none_if_it_failed() -> None:
+    """``released_at_once`` (the session lock's release on MySQL/MariaDB): whether the
+    session held the lock; ``None`` once the server ended the session, so that the
+    caller runs it through a cursor, whose error says what happened."""
+    own = DedicatedConnections("default")
+    driver = own.get().connection
+    name = "dedicated:it's"  # quoted as a literal
+    with own.cursor() as cursor:
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+    assert released_at_once(driver, name) is True
+    assert released_at_once(driver, name) is False
+    with connection.cursor() as cursor:
+        cursor.execute("KILL %s", [driver.thread_id()])
+    time.sleep(0.2)  # the server ends the session
+    assert released_at_once(driver, name) is None
+    assert released_at_once(None, name) is None  # closed by Django
+    own.discard()

@@ -137,8 +137,11 @@ class GetLockBackend(SessionBackend):
         return (int(slot), *row[1:]), int(issued)
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        with session.cursor() as cursor:
-            return mysql.release_lock(cursor, str(key))
+        released = mysql.released_at_once(session.wrapper.connection, str(key))
+        if released is None:  # failed: again through a cursor, whose error says why
+            with session.cursor() as cursor:
+                return mysql.release_lock(cursor, str(key))
+        return released
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)

@@ -445,6 +445,25 @@ def release_lock(cursor: Any, key: str) -> bool:
     return bool(cursor.fetchone()[0] == 1)
 
 
+def released_at_once(connection: Any, key: str) -> bool | None:
+    """``RELEASE_LOCK(key)`` on a mysqlclient ``connection`` through its wrapper of the
+    C API (``query``, ``store_result``), with no cursor: a cursor's ``execute`` costs
+    about 450 Python bytecodes more, a tenth of a lock's acquire and release. True if
+    this session held the lock, False if not; ``None`` if the statement did not run
+    cleanly (an error, a connection that failed or was closed, ``connection``
+    ``None``): run it through a cursor then, whose errors say what happened."""
+    from MySQLdb import Error  # type: ignore[import-untyped]
+
+    if connection is None:
+        return None
+    try:
+        connection.query(b"SELECT RELEASE_LOCK(" + connection.literal(key) + b")")
+        rows = connection.store_result().fetch_row()
+    except Error:
+        return None
+    return bool(rows[0][0] == 1) if rows else None
+
+
 def lock_holders(cursor: Any, keys: Sequence[str]) -> dict[str, int]:
     """Which of ``keys`` are held, and by which connection id (``IS_USED_LOCK``), 100
     keys a statement."""
