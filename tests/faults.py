@@ -362,6 +362,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` free ports, all different: each is held until all are chosen (one at a
+    time, the system may hand out a port it just gave)."""
+    with contextlib.ExitStack() as held:
+        probes = [held.enter_context(socket.create_server(("127.0.0.1", 0))) for _ in range(count)]
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
 def wait_for_http(url: str, timeout: float = 60) -> None:
     """Until ``url`` answers (any status): a server that is starting."""
     deadline = time.monotonic() + timeout

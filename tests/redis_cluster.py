@@ -18,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from djlocks.backends.redis.nodes import servers
-from tests.faults import free_port, until
+from tests.faults import free_ports, until
 
 MASTERS = 3
+#: Times a cluster is started afresh, on other ports, when a node exits as it starts
+#: (a port taken meanwhile by another process).
+STARTS = 3
 
 
 class PrivateRedisCluster:
@@ -30,21 +33,30 @@ class PrivateRedisCluster:
 
     def __init__(self, node_timeout: float = 15.0) -> None:
         self._node_timeout_ms = round(node_timeout * 1000)
-        self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-cluster-"))
-        self.ports = [free_port() for _ in range(2 * MASTERS)]
-        self._nodes: list[subprocess.Popen[bytes]] = []
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        for start in range(1, STARTS + 1):
+            self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-cluster-"))
+            ports = free_ports(4 * MASTERS)  # each node's, then each node's cluster bus's
+            self.ports, self._bus_ports = ports[: 2 * MASTERS], ports[2 * MASTERS :]
+            self._nodes: list[subprocess.Popen[bytes]] = []
+            try:
+                self._start()
+                return
+            except NodeExited:
+                self.stop()
+                if start == STARTS:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
 
     def _start(self) -> None:
-        for port in self.ports:
+        for port, bus_port in zip(self.ports, self._bus_ports, strict=True):
             directory = self._home / str(port)
             directory.mkdir()
             self._nodes.append(
-                subprocess.Popen(self._command(port, directory), stdout=subprocess.DEVNULL)
+                subprocess.Popen(
+                    self._command(port, bus_port, directory), stdout=subprocess.DEVNULL
+                )
             )
         for port, node in zip(self.ports, self._nodes, strict=True):
             until(lambda port=port, node=node: self._answers(port, node), "a node to start")
@@ -57,17 +69,18 @@ class PrivateRedisCluster:
         until(self._replicas_in_sync, "every replica to sync with its master")
 
     def _answers(self, port: int, node: subprocess.Popen[bytes]) -> bool:
-        """Whether the node at ``port`` answers; fails at once if it exited."""
-        assert node.poll() is None, f"redis-server on port {port} exited"
+        """Whether the node at ``port`` answers; ``NodeExited`` at once if it exited."""
+        if node.poll() is not None:
+            raise NodeExited(f"redis-server on port {port} exited")
         return self.cli(port, "PING") == "PONG"
 
-    def _command(self, port: int, directory: Path) -> list[str]:
+    def _command(self, port: int, bus_port: int, directory: Path) -> list[str]:
         """The node's command line. Its cluster bus gets a free port of its own: by
         default it is ``port`` + 10000, which may be taken, or above 65535."""
         return [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1",
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-            "--cluster-port", str(free_port()),
+            "--cluster-port", str(bus_port),
             "--cluster-node-timeout", str(self._node_timeout_ms),
             "--dir", str(directory), "--save", "", "--appendonly", "no",
             "--logfile", str(directory / "log"),
@@ -140,6 +153,10 @@ class PrivateRedisCluster:
             node.kill()
             node.wait(10)
         shutil.rmtree(self._home, ignore_errors=True)
+
+
+class NodeExited(AssertionError):
+    """A node of a private cluster exited as it started."""
 
 
 def channels_at(client: Any, pattern: str) -> dict[str, list[bytes]]:

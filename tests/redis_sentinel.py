@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.faults import free_port, until
+from tests.faults import free_ports, until
 
 SENTINELS = 3
 
@@ -22,12 +22,11 @@ class PrivateRedisSentinel:
     def __init__(self, down_after: float = 1.0, replicas: int = 1) -> None:
         self._home = Path(tempfile.mkdtemp(prefix="djlocks-redis-sentinel-"))
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
-        master = free_port()
-        self.replica_ports = [free_port() for _ in range(replicas)]
+        master, *ports = free_ports(1 + replicas + SENTINELS)
+        self.replica_ports, self.sentinel_ports = ports[:replicas], ports[replicas:]
         #: The name the Sentinels know the master by: one of its own per set-up, since
         #: django-redis keeps its connection pools by URL for the life of the process.
         self.service = f"djlocks-{master}"
-        self.sentinel_ports = [free_port() for _ in range(SENTINELS)]
         try:
             self._start_all(master, down_after)
         except BaseException:
