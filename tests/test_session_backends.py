@@ -30,11 +30,18 @@ from django.urls import reverse
 from djlocks import Grant, Lock, LockLost, Semaphore
 from djlocks.backends import backends
 from djlocks.backends.server_records import holder_records
-from djlocks.backends.session import claims
+from djlocks.backends.session import Key, SessionBackend, claims
 from djlocks.backends.sql import mysql
-from djlocks.backends.sql.postgresql import CRASH_GAP, CRASH_MARKER, FENCE_SEQUENCE, LOCK_KEY
+from djlocks.backends.sql.postgresql import (
+    ADVISORY_WAITING,
+    CRASH_GAP,
+    CRASH_MARKER,
+    FENCE_SEQUENCE,
+    LOCK_KEY,
+)
 from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockError
 from djlocks.inspection import force_release
+from djlocks.keys import GATE
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
 from tests.faults import PgBouncer, TcpProxy
@@ -546,9 +553,91 @@ def test_a_wait_granted_as_its_lock_timeout_fires_is_a_grant(
 WAITED = 2.0
 
 
-def _key(name: str, limit: int, slot: int) -> int:
-    """The advisory-lock key of a lock (``limit`` 1) or of one semaphore slot."""
-    return int(backends[SESSION].key(name) if limit == 1 else backends[SESSION].key(name, slot))
+def _key(name: str, limit: int, slot: int) -> Key:
+    """The server's key of a lock (``limit`` 1) or of one semaphore slot."""
+    return backends[SESSION].key(name) if limit == 1 else backends[SESSION].key(name, slot)
+
+
+@pytest.mark.parametrize("freed", ["awaited", "other"])
+def test_a_semaphore_waiter_hands_the_gate_on_in_the_statement_that_takes_its_slot(
+    freed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The waiter holding a semaphore's gate waits in the server on one slot. Whether
+    that slot comes free or another one does (taken when the wait on the first runs
+    out and every slot is tried again), the statement that takes a slot gives the gate
+    back too, so the next waiter's turn starts one round trip sooner; a waiter that
+    times out gives the gate back on its own."""
+    monkeypatch.setattr(claims, "SLOT_WAIT", WAITED)
+    backend = backends[SESSION]
+    given_back: list[object] = []
+    give_back = type(backend)._give_back
+
+    def giving_back(self: object, session: object, key: object) -> bool:
+        given_back.append(key)
+        return give_back(self, session, key)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(backend), "_give_back", giving_back)
+    name = f"s:gate:{freed}"
+    gate = backend.key(name, GATE)
+    taken = [Semaphore(name, limit=2, backend=SESSION, ttl=3).acquire_grant() for _ in range(2)]
+    grants = [grant for grant in taken if grant is not None]
+    assert len(grants) == 2
+    outcome: list[Grant | None] = []
+    waiter = threading.Thread(
+        target=lambda: outcome.append(
+            Semaphore(name, limit=2, backend=SESSION, ttl=3).acquire_grant(timeout=30)
+        )
+    )
+    waiter.start()
+    try:
+        awaited = slot_waited_for(name, grants)
+        released = next(g for g in grants if (g.slot == awaited) == (freed == "awaited"))
+        released.release()
+        waiter.join(30)
+        (grant,) = outcome
+        assert grant is not None and grant.slot == released.slot
+        grants.append(grant)
+        assert gate not in given_back, "the gate was given back in a round trip of its own"
+        assert not gate_held(gate), "the gate is still held after its holder got a slot"
+        assert not Semaphore(name, limit=2, backend=SESSION, ttl=3).acquire(timeout=0.1)
+        assert gate in given_back, "a timed-out waiter kept the gate"
+        assert not gate_held(gate), "a timed-out waiter left the gate held"
+    finally:
+        waiter.join(30)
+        for held in grants:
+            if held is not released:
+                held.release()
+
+
+def slot_waited_for(name: str, grants: list[Grant]) -> int:
+    """The slot of ``grants`` whose key a waiter of ``name`` waits for in the server."""
+    slots = {_key(name, 2, grant.slot): grant.slot for grant in grants}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        waited: list[Key]
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"SELECT {LOCK_KEY} FROM pg_locks l WHERE {ADVISORY_WAITING}")
+                waited = [int(key) for (key,) in cursor.fetchall()]
+            else:
+                waited = [
+                    call.group(1)
+                    for _, _, statement, _ in mysql.waiting_statements(cursor)
+                    if (call := mysql.WAITING_CALL.search(statement)) is not None
+                ]
+        for key in waited:
+            if key in slots:
+                return slots[key]
+        time.sleep(0.02)
+    raise AssertionError(f"nobody waits for a slot of {name!r}")
+
+
+def gate_held(gate: Key) -> bool:
+    """Whether any session holds the semaphore gate ``gate`` (a key)."""
+    backend = backends[SESSION]
+    assert isinstance(backend, SessionBackend)
+    with backend._side_session() as side:
+        return bool(backend._live_keys(side, [gate]))
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="MariaDB's is the next test")

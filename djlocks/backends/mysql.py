@@ -48,6 +48,7 @@ class GetLockBackend(SessionBackend):
     #: MySQL's manual promises no order among GET_LOCK waiters (MariaDB's neither).
     serves_waiters_in_order = False
     try_sql = "GET_LOCK(%s, 0) = 1"
+    give_back_sql = mysql.RELEASE_KEY
 
     def key(self, name: str, slot: int | str | None = None) -> str:
         return mysql_key(name, slot)
@@ -104,13 +105,15 @@ class GetLockBackend(SessionBackend):
         seconds: float | None,
         identity: str,
         fenced: bool = True,
+        releasing: Key | None = None,
     ) -> int | None:
         """``GET_LOCK``; when granted, the fence issued with it on MariaDB, else 0 (MySQL:
         ``_record`` issues it)."""
         fenced = fenced and self.fences_in_grant
+        given_back = None if releasing is None else str(releasing)
         while True:  # a wait "forever" that ran out after FOREVER seconds waits again
             with session.cursor() as cursor:
-                granted = mysql.get_lock(cursor, str(key), seconds, identity, fenced)
+                granted = mysql.get_lock(cursor, str(key), seconds, identity, fenced, given_back)
             if granted is None:
                 raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
             if granted != 0:

@@ -50,6 +50,7 @@ class AdvisoryLockBackend(SessionBackend):
     #: PostgreSQL's lock manager queues waiters for a lock in arrival order.
     serves_waiters_in_order = True
     try_sql = "pg_try_advisory_lock(%s)"
+    give_back_sql = postgresql.UNLOCK_KEY
     #: Fences come from a sequence, in the granting statement (``sql.postgresql``).
     fences_in_grant = True
 
@@ -85,31 +86,37 @@ class AdvisoryLockBackend(SessionBackend):
         seconds: float | None,
         identity: str,
         fenced: bool = True,
+        releasing: Key | None = None,
     ) -> int | None:
         params: tuple[object, ...] = (key,)
         if seconds != 0:
             params = (postgresql.application_name(identity), postgresql.lock_timeout(seconds), key)
+        if releasing is not None:
+            params += (releasing,)
         if fenced:
             params += (identity.removeprefix("djlocks"),)
+        taking = postgresql.taking(seconds != 0, fenced, releasing is not None)
         try:
-            granted = session.execute(postgresql.taking(seconds != 0, fenced), params)[-1]
-            return _fence_of(granted, fenced)
+            return _fence_of(session.execute(taking, params)[-1], fenced)
         except DatabaseError as exc:
             state = postgresql.sqlstate(exc)
             if state == postgresql.LOCK_NOT_AVAILABLE:
-                return self._granted_anyway(session, key, identity, fenced)
+                return self._granted_anyway(session, key, identity, fenced, releasing)
             if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise
 
     def _granted_anyway(
-        self, session: Session, key: Key, identity: str, fenced: bool
+        self, session: Session, key: Key, identity: str, fenced: bool, releasing: Key | None
     ) -> int | None:
         """After a wait's ``lock_timeout``: the grant, if the server granted the key as
         the time-out fired (``sql.postgresql.granted_anyway``), else ``None``. Without
         this, the session would hold a key its caller was told it did not get."""
-        params: tuple[object, ...] = (key, identity.removeprefix("djlocks")) if fenced else (key,)
-        return _fence_of(session.execute(postgresql.granted_anyway(fenced), params)[0], fenced)
+        params: tuple[object, ...] = (key,) if releasing is None else (key, releasing, key)
+        if fenced:
+            params += (identity.removeprefix("djlocks"),)
+        granting = postgresql.granted_anyway(fenced, releasing is not None)
+        return _fence_of(session.execute(granting, params)[-1], fenced)
 
     def _attempt(
         self,
@@ -132,7 +139,7 @@ class AdvisoryLockBackend(SessionBackend):
             session.wrapper.connection, b"SELECT pg_advisory_unlock($1)", (key,)
         )
         if unlocked is None:  # failed: again through a cursor, whose error says why
-            return bool(session.execute("SELECT pg_advisory_unlock(%s)", (key,))[0])
+            return bool(session.execute(f"SELECT {postgresql.UNLOCK_KEY}", (key,))[0])
         return unlocked == b"t"
 
     def _holds(self, session: Session, key: Key) -> bool:

@@ -10,7 +10,8 @@ lowest fence in the holder rows: with similar hold times, the next slot to
 come free), for at most ``SLOT_WAIT`` seconds at a time before it tries them
 all again. So a slot passes to the next waiter as soon as its holder releases
 it, with no polling, while a slot held for long cannot hold up the others'
-hand-offs by more than ``SLOT_WAIT``.
+hand-offs by more than ``SLOT_WAIT``. The statement that takes the slot also
+gives the gate back, so the next waiter's turn starts without another round trip.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from djlocks.backends.server_records import (
 )
 from djlocks.backends.session.connections import Key, Session, SessionStore
 from djlocks.backends.session_deadlocks import Holders, Wait, is_victim, owner_of, watched
+from djlocks.backends.sql import giving_back_first
 from djlocks.backends.waiting import seconds_left
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import GATE, table_key
@@ -52,13 +54,19 @@ class SessionClaims(SessionStore):
         seconds: float | None,
         identity: str,
         fenced: bool = True,
+        releasing: Key | None = None,
     ) -> int | None:
         """Wait up to ``seconds`` (``None``: forever, ``0``: try once) in the server for
         ``key``; ``None`` if not granted, else the grant's fence (see ``_attempt``).
-        ``fenced=False`` (a semaphore's gate) issues no fence."""
+        ``fenced=False`` (a semaphore's gate) issues no fence. ``releasing``: a key the
+        session holds (the gate), given back by the same statement if and only if it
+        grants ``key``; only with a wait (``seconds`` not 0)."""
 
     #: SQL that tries one key (``%s``) once, without waiting, and is true if it got it.
     try_sql: str
+    #: SQL that gives back one key (``%s``) the session holds; ``NULL`` only when
+    #: nobody held it (``sql.giving_back_first``).
+    give_back_sql: str
 
     #: Whether the server issues each grant's fence in the granting statement itself
     #: (``_attempt``), so ``_record`` writes the holder row in the background; else
@@ -136,7 +144,7 @@ class SessionClaims(SessionStore):
                 return None if fence is None else (0, fence)
             self._register(session, request)  # a free lock is granted at once all the same
             return self._wait_watched(session, request, key, deadline, identity)
-        slot, _, fence = self._try_slots(session, request, identity)
+        slot, _, fence = self._try_slots(session, request, identity, None)
         if slot is not None and fence is not None:
             return slot, fence
         if seconds_left(deadline) == 0:
@@ -145,10 +153,11 @@ class SessionClaims(SessionStore):
         gate = self.key(request.name, GATE)
         if self._take(session, gate, seconds_left(deadline), identity, fenced=False) is None:
             return None
-        try:
-            return self._wait_for_a_slot(session, request, identity, deadline)
-        finally:
+        # A grant gives the gate back in its own statement; an error ends the session.
+        claimed = self._wait_for_a_slot(session, request, identity, deadline, gate)
+        if claimed is None:
             self._give_back(session, gate)
+        return claimed
 
     def _wait_watched(
         self,
@@ -208,37 +217,56 @@ class SessionClaims(SessionStore):
         return is_victim(connection_id, waits, owners)
 
     def _wait_for_a_slot(
-        self, session: Session, request: AcquireRequest, identity: str, deadline: float | None
+        self,
+        session: Session,
+        request: AcquireRequest,
+        identity: str,
+        deadline: float | None,
+        gate: Key,
     ) -> tuple[int, int] | None:
         """As the gate's holder: wait in the server on the slot likeliest to come free
-        next, ``SLOT_WAIT`` seconds at a time, trying every slot in between."""
+        next, ``SLOT_WAIT`` seconds at a time, trying every slot in between. The
+        statement that takes a slot also gives back the ``gate``, so the next waiter
+        starts its turn one round trip sooner; ``None`` (the gate still held) if the
+        deadline passed."""
         while True:
-            slot, oldest, fence = self._try_slots(session, request, identity)
+            slot, oldest, fence = self._try_slots(session, request, identity, gate)
             if slot is not None and fence is not None:
                 return slot, fence
             left = seconds_left(deadline)
             if left == 0:
                 return None
             wait = SLOT_WAIT if left is None else min(SLOT_WAIT, left)
-            fence = self._take(session, self.key(request.name, oldest), wait, identity)
+            key = self.key(request.name, oldest)
+            fence = self._take(session, key, wait, identity, releasing=gate)
             if fence is not None:
                 return oldest, fence
 
     def _try_slots(
-        self, session: Session, request: AcquireRequest, identity: str
+        self, session: Session, request: AcquireRequest, identity: str, releasing: Key | None
     ) -> tuple[int | None, int, int | None]:
         """Try every slot in one statement, taking at most one; return it (``None`` if
         all were taken), the slot granted longest ago (the lowest fence) and the fence
-        issued with the grant (see ``_attempt``)."""
+        issued with the grant (see ``_attempt``). ``releasing``: a key the session holds
+        (the gate), given back by the same statement if it takes a slot."""
         first = random.randrange(request.limit)  # spread first tries over the slots
         order = [(first + offset) % request.limit for offset in range(request.limit)]
-        tries = " ".join(f"WHEN {self.try_sql} THEN {self._slot_taken(slot)}" for slot in order)
+        taken = {slot: self._slot_taken(slot) for slot in order}
+        if releasing is not None:
+            given_back = self.give_back_sql
+            taken = {slot: giving_back_first(given_back, sql) for slot, sql in taken.items()}
+        tries = " ".join(f"WHEN {self.try_sql} THEN {taken[slot]}" for slot in order)
+        keys = [self.key(request.name, slot) for slot in order]
         (got, oldest), fence = self._attempt(
             session,
             f"SELECT CASE {tries} END AS granted, (SELECT slot FROM {SESSION_TABLES.holder} "
             f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1) AS oldest",
             (
-                *(self.key(request.name, slot) for slot in order),
+                *(
+                    keys
+                    if releasing is None
+                    else [param for key in keys for param in (key, releasing)]
+                ),
                 table_key(request.name),
                 request.limit,
             ),

@@ -36,6 +36,18 @@ def for_vendor(vendor: str) -> ModuleType:
     return modules[vendor]
 
 
+def giving_back_first(give_back: str, granted: str) -> str:
+    """SQL worth ``granted`` (SQL) that first runs ``give_back`` (SQL releasing a key the
+    session holds, with one ``%s`` parameter: the key, placed before ``granted``'s).
+
+    For the branch of a ``CASE`` that runs only when a statement is granted a key:
+    a semaphore's gate is handed on by the statement that took a slot, so the next
+    waiter need not wait for another round trip. ``granted`` appears twice in the
+    SQL, so it must have no parameters of its own; only one of the two runs.
+    """
+    return f"CASE WHEN {give_back} IS NULL THEN {granted} ELSE {granted} END"
+
+
 def lease_dialect(vendor: str) -> LeaseDialect:
     """The lease rows' SQL fragments on ``vendor``; ``ValueError`` for other databases."""
     dialect: LeaseDialect = for_vendor(vendor).LEASE

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
+from djlocks.backends.sql import giving_back_first
 from djlocks.backends.sql.dialects import LeaseDialect
 from djlocks.exceptions import LockDeadlock
 
@@ -417,19 +418,29 @@ def connection_id(cursor: Any) -> int:
 
 
 def get_lock(
-    cursor: Any, key: str, seconds: float | None, description: str, fenced: bool = False
+    cursor: Any,
+    key: str,
+    seconds: float | None,
+    description: str,
+    fenced: bool = False,
+    releasing: str | None = None,
 ) -> int | None:
     """``GET_LOCK(key, seconds)`` (``None``: forever) with the waiter named in the process
     list: 1 granted (``fenced``: the fence the same statement issued, see
     ``FENCE_SEQUENCE``), 0 timed out, ``None`` interrupted or killed (the MySQL manual,
-    "Locking Functions"). Raises ``LockDeadlock`` when the server refuses a wait that
-    would deadlock (MySQL 8 checks GET_LOCK waits for cycles)."""
+    "Locking Functions"). ``releasing``: a key the session holds, given back by the
+    same statement if it grants ``key`` (``giving_back_first``). Raises ``LockDeadlock``
+    when the server refuses a wait that would deadlock (MySQL 8 checks GET_LOCK waits
+    for cycles)."""
     granted = f"NEXTVAL({FENCE_SEQUENCE})" if fenced else "1"
+    if releasing is not None:
+        granted = giving_back_first(RELEASE_KEY, granted)
     try:
         cursor.execute(
             f"SELECT {sql_comment(description)} "
             f"CASE GET_LOCK(%s, %s) WHEN 1 THEN {granted} WHEN 0 THEN 0 END",
-            (key, FOREVER if seconds is None else seconds),
+            (key, FOREVER if seconds is None else seconds)
+            + (() if releasing is None else (releasing,)),
         )
     except DatabaseError as exc:
         if exc.args and exc.args[0] in DEADLOCK_ERRORS:
@@ -439,9 +450,14 @@ def get_lock(
     return None if granted is None else int(granted)
 
 
+#: SQL that releases one named lock (``%s``): 1 if this session held it, 0 if another
+#: session holds it, ``NULL`` if nobody does.
+RELEASE_KEY = "RELEASE_LOCK(%s)"
+
+
 def release_lock(cursor: Any, key: str) -> bool:
     """``RELEASE_LOCK(key)``: False if this session did not hold it."""
-    cursor.execute("SELECT RELEASE_LOCK(%s)", (key,))
+    cursor.execute(f"SELECT {RELEASE_KEY}", (key,))
     return bool(cursor.fetchone()[0] == 1)
 
 

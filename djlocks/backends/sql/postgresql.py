@@ -386,36 +386,48 @@ def fenced_grant(granting: str, columns: Sequence[str]) -> str:
     )
 
 
-def taking(waits: bool, fenced: bool) -> str:
+#: SQL that releases one advisory lock (``%s``) of this session: false if it held none.
+UNLOCK_KEY = "pg_advisory_unlock(%s)"
+
+
+def taking(waits: bool, fenced: bool, releasing: bool = False) -> str:
     """One statement that takes an advisory lock, waiting (under ``lock_timeout``) or
     not; its last column is ``NULL`` unless the server granted.
 
     Parameters: if ``waits``, the waiter's description (``application_name`` while
-    it waits) and the ``lock_timeout``; then the key; if ``fenced``, the text after
-    ``"djlocks"`` in the holder's description. ``fenced``: on a grant the same
-    statement issues the fence and names the holder (as ``fenced_grant`` does, in
-    one flat ``SELECT``, whose columns the server computes in order): the last
-    column is then the holder's ``application_name``, ``djlocks#<fence> ...``.
+    it waits) and the ``lock_timeout``; then the key; if ``releasing``, a key the
+    session holds, given back by the same statement once the wait is granted (a
+    semaphore's gate: a wait that times out fails before it, and keeps it); if
+    ``fenced``, the text after ``"djlocks"`` in the holder's description.
+    ``fenced``: on a grant the same statement issues the fence and names the holder
+    (as ``fenced_grant`` does, in one flat ``SELECT``, whose columns the server
+    computes in order): the last column is then the holder's ``application_name``,
+    ``djlocks#<fence> ...``.
     """
     if not waits:
+        if releasing:
+            raise ValueError("only a wait gives back another key when granted")
         return f"SELECT CASE WHEN pg_try_advisory_lock(%s) THEN {_granted(fenced)} END"
     return (
         "SELECT set_config('application_name', %s, false), "
-        f"set_config('lock_timeout', %s, false), pg_advisory_lock(%s), {_granted(fenced)}"
+        "set_config('lock_timeout', %s, false), pg_advisory_lock(%s), "
+        f"{f'{UNLOCK_KEY}, ' if releasing else ''}{_granted(fenced)}"
     )
 
 
-def granted_anyway(fenced: bool) -> str:
+def granted_anyway(fenced: bool, releasing: bool = False) -> str:
     """A statement that completes the grant of a wait that ended in ``lock_timeout``
-    although the server granted it: its one column is ``NULL`` unless this session
-    holds the key (parameters: the key, then as in ``taking``).
+    although the server granted it: its last column is ``NULL`` unless this session
+    holds the key (parameters: the key; if ``releasing``, the key, then the one to
+    give back if it holds the first, as ``taking`` would have; then as in ``taking``).
 
     The lock manager can grant a waiter just as its ``lock_timeout`` fires: the
     statement then fails with ``lock_not_available``, yet the session holds the
     lock, since a session-level advisory lock outlives the statement's error
     (``LockErrorCleanup`` in PostgreSQL's ``proc.c`` keeps a lock granted meanwhile).
     """
-    return f"SELECT CASE WHEN {HELD_HERE} THEN {_granted(fenced)} END"
+    given_back = f"CASE WHEN {HELD_HERE} THEN {UNLOCK_KEY} END, " if releasing else ""
+    return f"SELECT {given_back}CASE WHEN {HELD_HERE} THEN {_granted(fenced)} END"
 
 
 def _granted(fenced: bool) -> str:
