@@ -310,24 +310,20 @@ def _written_fields() -> list[Field[Any, Any]]:
 
 def _prepared_rows(
     db: BaseDatabaseWrapper, fields: list[Field[Any, Any]], events: list[NewEvent]
-) -> list[list[Any]]:
+) -> list[tuple[Any, ...]]:
     """Each event's values in ``fields`` order, prepared for ``db`` by the model's fields
     (``get_db_prep_save``; the field's default where the event sets none). A batch
     repeats most values (one holder's name, host, thread, label; the defaults), so
-    each distinct value of a field is prepared once per batch: a quarter of the
-    writer's work on PostgreSQL, measured."""
-    defaults = {field.attname: field.get_default() for field in fields}
-    prepared: dict[tuple[int, object], Any] = {}
-    rows = []
-    for event in events:
-        row = []
-        for index, field in enumerate(fields):
-            key = (index, event.get(field.attname, defaults[field.attname]))
-            if key not in prepared:
-                prepared[key] = field.get_db_prep_save(key[1], db)
-            row.append(prepared[key])
-        rows.append(row)
-    return rows
+    each distinct value of a field is prepared once per batch, a column at a time:
+    measured on PostgreSQL, this was most of the writer's work when done value by
+    value."""
+    columns = []
+    for field in fields:
+        attname, default = field.attname, field.get_default()
+        values = [event.get(attname, default) for event in events]
+        prepared = {value: field.get_db_prep_save(value, db) for value in set(values)}
+        columns.append([prepared[value] for value in values])
+    return list(zip(*columns, strict=True))
 
 
 def _history_database() -> tuple[str, object]:
