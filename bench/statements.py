@@ -43,12 +43,15 @@ from djlocks.backends import backends  # noqa: E402
 from djlocks.backends.server_records import holder_records  # noqa: E402
 from djlocks.events import events  # noqa: E402
 
-#: What the driver calls once per exchange with the server, by vendor: psycopg waits
-#: once for each (a ``BEGIN`` or a ``COMMIT`` included); mysqlclient's queries and its
-#: transaction calls.
+#: What is called once per exchange with the server, by vendor: psycopg waits once for
+#: each (a ``BEGIN`` or a ``COMMIT`` included), and the session lock's statements sent
+#: straight through libpq run once each; mysqlclient's queries and its transaction calls.
 EXCHANGES = {
-    "postgresql": ("psycopg", "Connection", ("wait",)),
-    "mysql": ("MySQLdb.connections", "Connection", ("query", "commit", "rollback", "autocommit")),
+    "postgresql": [
+        ("psycopg", "Connection", ("wait",)),
+        ("djlocks.backends.libpq", "DirectStatements", ("_run",)),
+    ],
+    "mysql": [("MySQLdb.connections", "Connection", ("query", "commit", "rollback", "autocommit"))],
 }
 
 
@@ -56,9 +59,12 @@ EXCHANGES = {
 def counting_round_trips() -> Iterator[Counter[str]]:
     """Count the driver's exchanges with the server: ``caller`` (this thread) and
     ``background`` (every other thread)."""
-    module, name, methods = EXCHANGES[connection.vendor]
-    driver_class = getattr(__import__(module, fromlist=[name]), name)
-    originals = {method: getattr(driver_class, method) for method in methods}
+    originals = {
+        (owner, method): getattr(owner, method)
+        for module, name, methods in EXCHANGES[connection.vendor]
+        for owner in [getattr(__import__(module, fromlist=[name]), name)]
+        for method in methods
+    }
     counts: Counter[str] = Counter()
     caller = threading.get_ident()
 
@@ -69,13 +75,13 @@ def counting_round_trips() -> Iterator[Counter[str]]:
 
         return exchange
 
-    for method, original in originals.items():
-        setattr(driver_class, method, counted(original))
+    for (owner, method), original in originals.items():
+        setattr(owner, method, counted(original))
     try:
         yield counts
     finally:
-        for method, original in originals.items():
-            setattr(driver_class, method, original)
+        for (owner, method), original in originals.items():
+            setattr(owner, method, original)
 
 
 def per_operation(pairs: int, operation: Callable[[], None]) -> dict[str, float]:

@@ -12,8 +12,7 @@ from django.db import DatabaseError, connection
 from djlocks import Lock, LockLost
 from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
-from djlocks.backends.sql.mysql import released_at_once
-from djlocks.backends.sql.postgresql import value_at_once
+from djlocks.backends.sql.mysql import value_at_once
 
 pytestmark = [
     pytest.mark.usefixtures("store"),
@@ -74,23 +73,6 @@ def test_a_reset_waits_for_a_statement_ended_from_the_side() -> None:
     assert sleep.outcome == [None], "reset() closed the connection under the statement"
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq, through psycopg")
-def test_a_statement_sent_straight_through_libpq_gives_its_value_or_none_if_it_failed() -> None:
-    """``value_at_once`` (the session lock's unlock): the value as text; ``None`` once the
-    server ended the session, so that the caller runs it through a cursor, whose error
-    says what happened."""
-    own = DedicatedConnections("default")
-    driver = own.get().connection
-    assert value_at_once(driver, b"SELECT pg_advisory_lock($1)::text", (4242,)) == b""
-    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) == b"t"
-    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) == b"f"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [driver.info.backend_pid])
-    assert value_at_once(driver, b"SELECT pg_advisory_unlock($1)", (4242,)) is None
-    assert value_at_once(None, b"SELECT 1", ()) is None  # closed by Django
-    own.discard()
-
-
 def test_a_session_lock_whose_connection_a_reset_closed_is_lost_at_release() -> None:
     """``backends.reset()`` closes every djlocks connection, a holder's too: the server
     then frees the lock, and the release says it was lost."""
@@ -102,20 +84,24 @@ def test_a_session_lock_whose_connection_a_reset_closed_is_lost_at_release() -> 
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="mysqlclient's C API wrapper")
-def test_a_release_lock_without_a_cursor_says_whether_it_held_or_none_if_it_failed() -> None:
-    """``released_at_once`` (the session lock's release on MySQL/MariaDB): whether the
-    session held the lock; ``None`` once the server ended the session, so that the
-    caller runs it through a cursor, whose error says what happened."""
+def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_error() -> None:
+    """``value_at_once`` (the session lock's grant and release on MySQL/MariaDB): the
+    value, parameters quoted as the cursor quotes them (a ``%`` doubled in the SQL, a
+    quote in a parameter); the driver's errors once the server ended the session or
+    Django closed the connection."""
     own = DedicatedConnections("default")
     driver = own.get().connection
-    name = "dedicated:it's"  # quoted as a literal
-    with own.cursor() as cursor:
-        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
-    assert released_at_once(driver, name) is True
-    assert released_at_once(driver, name) is False
+    name = "dedicated:it's 100%"
+    taking = "SELECT /* 50%% off */ GET_LOCK(%s, %s)"
+    assert value_at_once(driver, taking, (name, 0)) == 1
+    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,)) == 1
+    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,)) is None  # nobody held it
+    assert value_at_once(driver, "SELECT 1 FROM DUAL WHERE %s", (False,)) is None  # no row
     with connection.cursor() as cursor:
         cursor.execute("KILL %s", [driver.thread_id()])
     time.sleep(0.2)  # the server ends the session
-    assert released_at_once(driver, name) is None
-    assert released_at_once(None, name) is None  # closed by Django
+    with pytest.raises(DatabaseError), connection.wrap_database_errors:
+        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,))
+    with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
+        value_at_once(None, "SELECT 1", ())
     own.discard()

@@ -20,6 +20,7 @@ server frees the locks of a client that vanished silently within that time.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -111,9 +112,9 @@ class GetLockBackend(SessionBackend):
         ``_record`` issues it)."""
         fenced = fenced and self.fences_in_grant
         given_back = None if releasing is None else str(releasing)
+        run = functools.partial(self._value, session)
         while True:  # a wait "forever" that ran out after FOREVER seconds waits again
-            with session.cursor() as cursor:
-                granted = mysql.get_lock(cursor, str(key), seconds, identity, fenced, given_back)
+            granted = mysql.get_lock(run, str(key), seconds, identity, fenced, given_back)
             if granted is None:
                 raise DatabaseError(f"GET_LOCK({key!r}) failed: it was interrupted or killed.")
             if granted != 0:
@@ -140,11 +141,12 @@ class GetLockBackend(SessionBackend):
         return (int(slot), *row[1:]), int(issued)
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        released = mysql.released_at_once(session.wrapper.connection, str(key))
-        if released is None:  # failed: again through a cursor, whose error says why
-            with session.cursor() as cursor:
-                return mysql.release_lock(cursor, str(key))
-        return released
+        return bool(self._value(session, f"SELECT {mysql.RELEASE_KEY}", (str(key),)) == 1)
+
+    def _value(self, session: Session, sql: str, params: Sequence[object]) -> Any:
+        """The one value of ``sql`` on ``session``, with no cursor (``value_at_once``)."""
+        with session.wrapper.wrap_database_errors:
+            return mysql.value_at_once(session.wrapper.connection, sql, params)
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)

@@ -61,7 +61,10 @@ class AdvisoryLockBackend(SessionBackend):
         """Keep-alives, no idle limits, durable commits; and, if the server crashed
         since the fence sequence was last marked, move the sequence past every value it
         may hand out again (``sql.postgresql.AFTER_A_CRASH``) before any grant."""
-        prepare_where_direct(session.wrapper)
+        from djlocks.backends.libpq import DirectStatements  # psycopg, not psycopg2: checked
+
+        prepares = prepare_where_direct(session.wrapper)
+        session.direct = DirectStatements(session.wrapper.connection, prepares)
         settings = {
             **KEEPALIVE,
             **dict.fromkeys(NO_IDLE_LIMITS, "0"),
@@ -97,7 +100,8 @@ class AdvisoryLockBackend(SessionBackend):
             params += (identity.removeprefix("djlocks"),)
         taking = postgresql.taking(seconds != 0, fenced, releasing is not None)
         try:
-            return _fence_of(session.execute(taking, params)[-1], fenced)
+            with session.wrapper.wrap_database_errors:
+                granted = session.direct.value(taking, params)
         except DatabaseError as exc:
             state = postgresql.sqlstate(exc)
             if state == postgresql.LOCK_NOT_AVAILABLE:
@@ -105,6 +109,7 @@ class AdvisoryLockBackend(SessionBackend):
             if state == postgresql.DEADLOCK_DETECTED:
                 raise LockDeadlock(f"PostgreSQL detected a deadlock: {exc}") from exc
             raise
+        return _fence_of(granted, fenced)
 
     def _granted_anyway(
         self, session: Session, key: Key, identity: str, fenced: bool, releasing: Key | None
@@ -135,12 +140,8 @@ class AdvisoryLockBackend(SessionBackend):
         return tuple(row[: len(columns)]), None if fence is None else int(fence)
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        unlocked = postgresql.value_at_once(
-            session.wrapper.connection, b"SELECT pg_advisory_unlock($1)", (key,)
-        )
-        if unlocked is None:  # failed: again through a cursor, whose error says why
-            return bool(session.execute(f"SELECT {postgresql.UNLOCK_KEY}", (key,))[0])
-        return unlocked == b"t"
+        with session.wrapper.wrap_database_errors:
+            return bool(session.direct.value(postgresql.UNLOCKING, (key,)) == "t")
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute(f"SELECT {postgresql.HELD_HERE}", (key,))[0])

@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -122,7 +123,8 @@ class MySQLRows(ServerRowDialect):
         if cursor.fetchone()[0] < request.limit:
             raise RowsMissing
         gate = mysql_key(request.name, ROW_GATE)
-        return bool(mysql.get_lock(cursor, gate, seconds, describe(request)))
+        run = functools.partial(mysql.value_of, cursor)
+        return bool(mysql.get_lock(run, gate, seconds, describe(request)))
 
     def _give_back_gate(self, cursor: Any, request: AcquireRequest) -> None:
         mysql.release_lock(cursor, mysql_key(request.name, ROW_GATE))

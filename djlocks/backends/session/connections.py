@@ -52,6 +52,9 @@ class Session:
     connection_id: int
     pid: int = field(default_factory=os.getpid)
     guard: threading.Lock = field(default_factory=threading.Lock)
+    #: The vendor's way to run its grant and release statements without the driver's
+    #: cursor, set by the backend's ``_prepare`` (PostgreSQL: ``libpq.DirectStatements``).
+    direct: Any = field(default=None, repr=False)
     _kept: Any = field(default=None, repr=False)
 
     @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -418,7 +418,7 @@ def connection_id(cursor: Any) -> int:
 
 
 def get_lock(
-    cursor: Any,
+    run: Callable[[str, Sequence[object]], Any],
     key: str,
     seconds: float | None,
     description: str,
@@ -429,14 +429,15 @@ def get_lock(
     list: 1 granted (``fenced``: the fence the same statement issued, see
     ``FENCE_SEQUENCE``), 0 timed out, ``None`` interrupted or killed (the MySQL manual,
     "Locking Functions"). ``releasing``: a key the session holds, given back by the
-    same statement if it grants ``key`` (``giving_back_first``). Raises ``LockDeadlock``
-    when the server refuses a wait that would deadlock (MySQL 8 checks GET_LOCK waits
-    for cycles)."""
+    same statement if it grants ``key`` (``giving_back_first``). ``run(sql, params)``
+    runs the statement and returns its one value, raising Django's exceptions
+    (``value_of`` on a Django cursor). Raises ``LockDeadlock`` when the server refuses
+    a wait that would deadlock (MySQL 8 checks GET_LOCK waits for cycles)."""
     granted = f"NEXTVAL({FENCE_SEQUENCE})" if fenced else "1"
     if releasing is not None:
         granted = giving_back_first(RELEASE_KEY, granted)
     try:
-        cursor.execute(
+        granted = run(
             f"SELECT {sql_comment(description)} "
             f"CASE GET_LOCK(%s, %s) WHEN 1 THEN {granted} WHEN 0 THEN 0 END",
             (key, FOREVER if seconds is None else seconds)
@@ -446,8 +447,49 @@ def get_lock(
         if exc.args and exc.args[0] in DEADLOCK_ERRORS:
             raise LockDeadlock(f"MySQL refused a wait that would deadlock: {exc}") from exc
         raise
-    granted = cursor.fetchone()[0]
     return None if granted is None else int(granted)
+
+
+def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
+    """The first value of the first row of ``sql`` run on ``cursor``."""
+    cursor.execute(sql, params)
+    return cursor.fetchone()[0]
+
+
+def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
+    """The first value of the first row of ``sql`` (``None`` if it has none), run on a
+    mysqlclient ``connection`` through its wrapper of the C API (``query``,
+    ``store_result``), its parameters quoted by the connection (``literal``) as the
+    driver's cursor quotes them: a cursor's ``execute`` and ``fetchone`` cost about 350
+    Python bytecodes more, a tenth of a lock's acquire and release.
+
+    Raises mysqlclient's errors (wrap the call in Django's ``wrap_database_errors``),
+    its ``OperationalError`` for a connection that is closed (``connection`` ``None``:
+    closed by Django), as a cursor would: mysqlclient's own ``InterfaceError`` for it is
+    no ``DatabaseError``."""
+    try:
+        if connection is None:
+            raise _closed()
+        query = sql.encode()
+        if params:
+            query %= tuple(connection.literal(param) for param in params)
+        connection.query(query)
+        rows = connection.store_result().fetch_row()
+    except _interface_error() as exc:
+        raise _closed() from exc
+    return rows[0][0] if rows else None
+
+
+def _interface_error() -> type[Exception]:
+    from MySQLdb import InterfaceError  # type: ignore[import-untyped]
+
+    return InterfaceError  # type: ignore[no-any-return]
+
+
+def _closed() -> Exception:
+    from MySQLdb import OperationalError
+
+    return OperationalError(0, "the connection is closed")  # type: ignore[no-any-return]
 
 
 #: SQL that releases one named lock (``%s``): 1 if this session held it, 0 if another
@@ -459,25 +501,6 @@ def release_lock(cursor: Any, key: str) -> bool:
     """``RELEASE_LOCK(key)``: False if this session did not hold it."""
     cursor.execute(f"SELECT {RELEASE_KEY}", (key,))
     return bool(cursor.fetchone()[0] == 1)
-
-
-def released_at_once(connection: Any, key: str) -> bool | None:
-    """``RELEASE_LOCK(key)`` on a mysqlclient ``connection`` through its wrapper of the
-    C API (``query``, ``store_result``), with no cursor: a cursor's ``execute`` costs
-    about 450 Python bytecodes more, a tenth of a lock's acquire and release. True if
-    this session held the lock, False if not; ``None`` if the statement did not run
-    cleanly (an error, a connection that failed or was closed, ``connection``
-    ``None``): run it through a cursor then, whose errors say what happened."""
-    from MySQLdb import Error  # type: ignore[import-untyped]
-
-    if connection is None:
-        return None
-    try:
-        connection.query(b"SELECT RELEASE_LOCK(" + connection.literal(key) + b")")
-        rows = connection.store_result().fetch_row()
-    except Error:
-        return None
-    return bool(rows[0][0] == 1) if rows else None
 
 
 def lock_holders(cursor: Any, keys: Sequence[str]) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import selectors
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -91,33 +92,6 @@ def notifications(connection: Any, seconds: float) -> list[Any]:
         if not selector.select(seconds):
             return []
     return list(connection.notifies(timeout=0))
-
-
-def value_at_once(connection: Any, sql: bytes, params: Sequence[object]) -> bytes | None:
-    """The first value, as text, of a statement that never waits (an unlock), run on a
-    psycopg ``connection`` straight through libpq (``connection.pgconn``, psycopg's
-    documented libpq wrapper; ``$1`` parameters, sent as text): a cursor's execute costs
-    some 600 Python bytecodes more, about a tenth of a lock's acquire and release.
-    ``None`` if the statement did not run cleanly (an error, a connection that failed or
-    was closed, ``connection`` ``None``): run it through a cursor then, whose errors say
-    what happened.
-
-    Under the connection's ``lock``, as psycopg's own statements run; libpq's call
-    releases the GIL while it waits for the reply.
-    """
-    from psycopg import Error, pq
-
-    if connection is None:  # closed (``backends.reset()``): the cursor says so
-        return None
-    try:
-        with connection.lock:
-            result = connection.pgconn.exec_params(sql, [str(param).encode() for param in params])
-    except Error:
-        return None
-    if result.status != pq.ExecStatus.TUPLES_OK or result.ntuples < 1:
-        return None
-    value: bytes | None = result.get_value(0, 0)
-    return value
 
 
 def waking_first_waiters(waiters: str, name_key: str, limit: str) -> str:
@@ -388,8 +362,11 @@ def fenced_grant(granting: str, columns: Sequence[str]) -> str:
 
 #: SQL that releases one advisory lock (``%s``) of this session: false if it held none.
 UNLOCK_KEY = "pg_advisory_unlock(%s)"
+#: The statement of a session lock's release.
+UNLOCKING = f"SELECT {UNLOCK_KEY}"
 
 
+@functools.cache
 def taking(waits: bool, fenced: bool, releasing: bool = False) -> str:
     """One statement that takes an advisory lock, waiting (under ``lock_timeout``) or
     not; its last column is ``NULL`` unless the server granted.

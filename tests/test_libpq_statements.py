@@ -1,0 +1,105 @@
+"""Statements sent straight through libpq (``djlocks.backends.libpq``): the PostgreSQL
+session lock's grant and release, on a real server."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from django.db import DatabaseError, connection
+
+from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.libpq import DirectStatements
+from djlocks.backends.sql.postgresql import sqlstate
+
+pytestmark = [
+    pytest.mark.usefixtures("store"),
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="libpq is PostgreSQL's"),
+]
+KEY = 4242
+
+
+@pytest.fixture(params=[True, False], ids=["prepared", "unprepared"])
+def direct(request: pytest.FixtureRequest) -> Iterator[DirectStatements]:
+    own = DedicatedConnections("default")
+    yield DirectStatements(own.get().connection, prepare=request.param)
+    own.discard()
+
+
+def test_the_last_value_comes_as_text_or_none_and_no_row_is_an_error(
+    direct: DirectStatements,
+) -> None:
+    assert direct.value("SELECT pg_advisory_lock(%s)::text, %s", (KEY, "ü")) == "ü"
+    assert direct.value("SELECT pg_advisory_unlock(%s)", (KEY,)) == "t"
+    assert direct.value("SELECT pg_advisory_unlock(%s)", (KEY,)) == "f"
+    assert direct.value("SELECT 1, NULL::text WHERE %s", (True,)) is None
+    with pytest.raises(DatabaseError, match="no row"), connection.wrap_database_errors:
+        direct.value("SELECT 1 WHERE %s", (False,))
+
+
+def test_an_error_has_its_sqlstate_and_leaves_the_session_usable(
+    direct: DirectStatements,
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [KEY])
+        try:
+            waiting = "SELECT set_config('lock_timeout', %s, false), pg_advisory_lock(%s)"
+            with pytest.raises(DatabaseError) as raised, connection.wrap_database_errors:
+                direct.value(waiting, ("50ms", KEY))
+            assert sqlstate(raised.value) == "55P03"  # lock_not_available
+            assert direct.value("SELECT %s::int + 1", (1,)) == "2"
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
+
+
+def test_a_prepared_statement_deallocated_by_someone_runs_unprepared() -> None:
+    own = DedicatedConnections("default")
+    driver = own.get().connection
+    direct = DirectStatements(driver, prepare=True)
+    assert direct.value("SELECT %s::int * 2", (21,)) == "42"
+    driver.execute("DEALLOCATE ALL")
+    assert direct.value("SELECT %s::int * 2", (4,)) == "8"
+    assert direct.value("SELECT %s::int * 2", (5,)) == "10"
+    own.discard()
+
+
+def test_a_session_the_server_ended_or_a_closed_connection_raise(
+    direct: DirectStatements,
+) -> None:
+    pid = direct.value("SELECT pg_backend_pid()", ())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    with pytest.raises(DatabaseError), connection.wrap_database_errors:
+        direct.value("SELECT 1", ())
+    with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
+        direct.value("SELECT 1", ())
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_lock_wait_can_be_interrupted_by_a_signal(direct: DirectStatements) -> None:
+    """The wait is on the socket in Python, so a signal's handler runs during it and
+    may end it (Ctrl-C's KeyboardInterrupt); libpq's own blocking call would not return
+    before the server replied."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [KEY])
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        began = time.monotonic()
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                direct.value("SELECT pg_advisory_lock(%s)", (KEY,))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
+        assert time.monotonic() - began < 5
