@@ -3,6 +3,7 @@ session lock's grant and release, on a real server."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -103,3 +104,19 @@ def test_a_lock_wait_can_be_interrupted_by_a_signal(direct: DirectStatements) ->
             signal.signal(signal.SIGALRM, previous)
             cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
         assert time.monotonic() - began < 5
+
+
+def test_a_session_whose_socket_is_numbered_past_1024_works() -> None:
+    """A process with many files open (a threaded server, a Celery worker) gets sockets
+    numbered past 1024, where ``select()`` refuses to wait; the wait uses ``poll()``."""
+    files = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        own = DedicatedConnections("default")
+        driver = own.get().connection
+        assert driver.fileno() > 1024
+        direct = DirectStatements(driver, prepare=True)
+        assert direct.value("SELECT pg_sleep(0.05)::text || %s", ("waited",)) == "waited"
+        own.discard()
+    finally:
+        for file in files:
+            os.close(file)

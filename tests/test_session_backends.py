@@ -352,6 +352,27 @@ def test_holders_and_waiters_come_from_the_server_with_identity() -> None:
     waiter.join(20)
 
 
+def test_a_release_interrupted_mid_statement_ends_its_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A release interrupted while its statement runs (Ctrl-C, a task's time limit)
+    leaves the session mid-statement, perhaps with the unlock not sent: the session is
+    closed, so the server frees the lock, and the interruption goes on up."""
+    grant = lock("s:interrupted").acquire_grant(timeout=0)
+    assert grant is not None
+
+    def interrupted(self: object, session: object, key: object) -> bool:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(type(backends[SESSION]), "_give_back", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            grant.release()
+    again = lock("s:interrupted")
+    assert again.acquire(timeout=5), "the interrupted session kept the lock"
+    again.release()
+
+
 def test_inside_a_transaction_the_acquire_is_refused() -> None:
     with transaction.atomic(), pytest.raises(BackendUnavailable, match="cover the commit"):
         lock().acquire()

@@ -53,6 +53,10 @@ class DirectStatements:
         self._prepare = prepare
         #: SQL in ``%s`` style -> how it is sent.
         self._statements: dict[str, Known] = {}
+        # ``poll``, not ``select``, which refuses a socket numbered 1024 or more.
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(connection.pgconn.socket, select.POLLIN)
+        self._writable.register(connection.pgconn.socket, select.POLLOUT)
 
     def value(self, sql: str, params: Sequence[object]) -> str | None:
         """The last value of the one row that ``sql`` returns (``%s`` placeholders, one
@@ -62,12 +66,13 @@ class DirectStatements:
         when the server reports an error, ``psycopg.OperationalError`` when the
         connection is closed or fails, ``psycopg.ProgrammingError`` if ``sql`` returned
         no row. Wrap the call in Django's ``wrap_database_errors`` to have Django's
-        exceptions.
+        exceptions. Anything raised while it waits (Ctrl-C) leaves the statement
+        running: close the connection then.
         """
         if self._connection.closed:
             raise OperationalError("the connection is closed")
         known = self._statements.get(sql) or self._known(sql)
-        values = [str(param).encode() for param in params]
+        values = [None if param is None else str(param).encode() for param in params]
         result = self._run(known, values)
         if result.status != TUPLES_OK:
             result = self._after_failure(sql, known, values, result)
@@ -76,7 +81,7 @@ class DirectStatements:
         value = result.get_value(0, result.nfields - 1)
         return None if value is None else str(value.decode())
 
-    def _run(self, known: Known, values: list[bytes]) -> Any:
+    def _run(self, known: Known, values: list[bytes | None]) -> Any:
         """Send a statement, wait for its result (on the socket: interruptible), and
         read until libpq has no more; return the first result."""
         statement, name = known
@@ -87,13 +92,33 @@ class DirectStatements:
             else:
                 pgconn.send_query_prepared(name, values)
             while pgconn.flush():  # more to send: the socket's buffer was full
-                select.select([], [pgconn.socket], [])
-            result = _next_result(pgconn)
-            while _next_result(pgconn) is not None:
+                self._writable.poll()
+            return self._results(pgconn)
+
+    def _results(self, pgconn: Any) -> Any:
+        """Read until libpq has no more results of the statement sent; the first. An
+        error result that the server sent as it ended the session is returned, though
+        reading on then fails: it says why."""
+        result = self._next_result(pgconn)
+        try:
+            while self._next_result(pgconn) is not None:
                 pass
+        except OperationalError:
+            if result is None or result.status == TUPLES_OK:
+                raise
         return result
 
-    def _after_failure(self, sql: str, known: Known, values: list[bytes], result: Any) -> Any:
+    def _next_result(self, pgconn: Any) -> Any:
+        """libpq's next result of the statement sent, waiting on the socket
+        (interruptible) while it has none ready; ``None`` once every result was read."""
+        while pgconn.is_busy():
+            self._readable.poll()
+            pgconn.consume_input()  # raises psycopg.OperationalError if the connection failed
+        return pgconn.get_result()
+
+    def _after_failure(
+        self, sql: str, known: Known, values: list[bytes | None], result: Any
+    ) -> Any:
         """A statement's result that is no row set: raised as psycopg's error, unless
         its prepared statement was deallocated by someone (``DEALLOCATE ALL``), so that
         nothing ran: then run unprepared, as it will be from now on."""
@@ -115,22 +140,11 @@ class DirectStatements:
             with self._connection.lock:
                 pgconn = self._connection.pgconn
                 pgconn.send_prepare(name, statement)
-                result = _next_result(pgconn)
-                while _next_result(pgconn) is not None:
-                    pass
+                result = self._results(pgconn)
             if result.status != pq.ExecStatus.COMMAND_OK:
                 raise _error(result)
         self._statements[sql] = (statement, name)
         return statement, name
-
-
-def _next_result(pgconn: Any) -> Any:
-    """libpq's next result of the statement sent, waiting on the socket (interruptible)
-    while it has none ready; ``None`` once every result was read."""
-    while pgconn.is_busy():
-        select.select([pgconn.socket], [], [])
-        pgconn.consume_input()  # raises psycopg.OperationalError if the connection failed
-    return pgconn.get_result()
 
 
 def _state(result: Any) -> str | None:

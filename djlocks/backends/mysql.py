@@ -130,7 +130,7 @@ class GetLockBackend(SessionBackend):
         session: Session,
         granting: str,
         params: Sequence[object],
-        columns: Sequence[str],
+        columns: tuple[str, ...],
         identity: str,
     ) -> tuple[tuple[Any, ...], int | None]:
         """On MariaDB, ``granting``'s ``granted`` is ``"<slot> <fence>"`` (``_slot_taken``)."""

@@ -128,7 +128,7 @@ class AdvisoryLockBackend(SessionBackend):
         session: Session,
         granting: str,
         params: Sequence[object],
-        columns: Sequence[str],
+        columns: tuple[str, ...],
         identity: str,
     ) -> tuple[tuple[Any, ...], int | None]:
         """``granting`` with the fence issued by the same statement (``fenced_grant``)."""

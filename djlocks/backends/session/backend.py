@@ -181,6 +181,9 @@ class SessionBackend(SessionClaims, SessionInspection):
                 raise LockLost(
                     f"The grant of {name!r} had ended before release: its session failed ({exc})."
                 ) from exc
+            except BaseException:  # interrupted (Ctrl-C) mid-statement: the session ends
+                held.session.close()
+                raise
         if not released:
             held.session.close()
             raise LockLost(

@@ -79,7 +79,7 @@ class SessionClaims(SessionStore):
         session: Session,
         granting: str,
         params: Sequence[object],
-        columns: Sequence[str],
+        columns: tuple[str, ...],
         identity: str,
     ) -> tuple[tuple[Any, ...], int | None]:
         """Run ``granting``, a one-row ``SELECT`` of ``columns`` whose first, ``granted``,
@@ -251,16 +251,10 @@ class SessionClaims(SessionStore):
         (the gate), given back by the same statement if it takes a slot."""
         first = random.randrange(request.limit)  # spread first tries over the slots
         order = [(first + offset) % request.limit for offset in range(request.limit)]
-        taken = {slot: self._slot_taken(slot) for slot in order}
-        if releasing is not None:
-            given_back = self.give_back_sql
-            taken = {slot: giving_back_first(given_back, sql) for slot, sql in taken.items()}
-        tries = " ".join(f"WHEN {self.try_sql} THEN {taken[slot]}" for slot in order)
         keys = [self.key(request.name, slot) for slot in order]
         (got, oldest), fence = self._attempt(
             session,
-            f"SELECT CASE {tries} END AS granted, (SELECT slot FROM {SESSION_TABLES.holder} "
-            f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1) AS oldest",
+            self._slot_trying(request.limit, first, releasing is not None),
             (
                 *(
                     keys
@@ -274,3 +268,22 @@ class SessionClaims(SessionStore):
             identity,
         )
         return got, first if oldest is None else int(oldest), fence
+
+    def _slot_trying(self, limit: int, first: int, releasing: bool) -> str:
+        """The statement of ``_try_slots`` for ``limit`` slots tried from ``first`` on,
+        made once per shape (it changes only with these and ``fences_in_grant``)."""
+        shape = (limit, first, releasing, self.fences_in_grant)
+        statement = self._slot_statements.get(shape)
+        if statement is None:
+            order = [(first + offset) % limit for offset in range(limit)]
+            taken = {slot: self._slot_taken(slot) for slot in order}
+            if releasing:
+                given_back = self.give_back_sql
+                taken = {slot: giving_back_first(given_back, sql) for slot, sql in taken.items()}
+            tries = " ".join(f"WHEN {self.try_sql} THEN {taken[slot]}" for slot in order)
+            statement = (
+                f"SELECT CASE {tries} END AS granted, (SELECT slot FROM {SESSION_TABLES.holder} "
+                f"WHERE name_key = %s AND slot < %s ORDER BY fence LIMIT 1) AS oldest"
+            )
+            self._slot_statements[shape] = statement
+        return statement

@@ -124,6 +124,8 @@ class SessionStore(LockBackend):
         self._pid = os.getpid()
         self._unshared_in_pid = 0  # the process in which sessions were seen to be unshared
         self._registered = WrittenNames()  # (name, limit) known to the store
+        #: A semaphore's slot-trying statements, by shape (``SessionClaims._slot_trying``).
+        self._slot_statements: dict[tuple[int, int, bool, bool], str] = {}
 
     @abstractmethod
     def key(self, name: str, slot: int | str | None = None) -> Key:

@@ -470,9 +470,7 @@ def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
     try:
         if connection is None:
             raise _closed()
-        query = sql.encode()
-        if params:
-            query %= tuple(connection.literal(param) for param in params)
+        query = sql.encode(connection.encoding) % tuple(map(connection.literal, params))
         connection.query(query)
         rows = connection.store_result().fetch_row()
     except _interface_error() as exc:

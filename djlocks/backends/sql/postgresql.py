@@ -339,7 +339,8 @@ AFTER_A_CRASH = (
 HOLDER_PREFIX = "djlocks#"
 
 
-def fenced_grant(granting: str, columns: Sequence[str]) -> str:
+@functools.cache
+def fenced_grant(granting: str, columns: tuple[str, ...]) -> str:
     """``granting`` (a one-row ``SELECT`` whose ``granted`` column is ``NULL`` unless the
     server granted) made to issue the grant's fence in the same statement.
 
