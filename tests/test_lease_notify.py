@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -271,6 +272,20 @@ def test_the_heir_holds_what_the_notice_handed_and_believes_it_from_its_queueing
         heir.join(10)
 
 
+def held_up_by(cursor: Any) -> float:
+    """The moment (``time.monotonic()``) another session was seen waiting for a row lock
+    that ``cursor``'s transaction holds: after that session's statement began."""
+    deadline = time.monotonic() + 10
+    while True:
+        cursor.execute(  # pg_locks, not pg_stat_activity: a transaction keeps a snapshot of it
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()"
+        )
+        if cursor.fetchone()[0]:
+            return time.monotonic()
+        assert time.monotonic() < deadline, "the hand-over never waited for the slot row"
+        time.sleep(0.005)
+
+
 def test_a_hand_over_held_up_at_the_slot_row_is_not_believed_past_its_lease(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -298,14 +313,19 @@ def test_a_hand_over_held_up_at_the_slot_row_is_not_believed_past_its_lease(
             cursor.execute(
                 f"SELECT slot FROM {SLOTS} WHERE name_key = %s FOR UPDATE", (table_key(name),)
             )
-            began = time.monotonic()  # the hand-over's statement begins after this
+            began = time.monotonic()
             releasing.start()
-            time.sleep(0.6)  # the heir looks at the queue meanwhile, every 25 ms
+            began_by = held_up_by(cursor)  # the hand-over's statement began before this
+            time.sleep(max(0.0, began + 0.6 - time.monotonic()))  # the heir looks, every 25 ms
         releasing.join(10)
         heir.join(10)
         (grant,) = granted
         assert grant is not None
-        assert grant.believe_until() <= began + ttl * (1 - BELIEF_MARGIN)
+        # From its queueing (before ``began``), or read back: from the hand-over's start.
+        assert began_by < began + 0.3, (
+            f"too slow to tell a belief from the last look: {began_by - began}"
+        )
+        assert grant.believe_until() <= began_by + ttl * (1 - BELIEF_MARGIN)
         grant.release()
     finally:
         releasing.join(10)
