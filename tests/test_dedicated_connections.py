@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -105,3 +106,34 @@ def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_erro
     with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
         value_at_once(None, "SELECT 1", ())
     own.discard()
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="mysqlclient's C API wrapper")
+def test_a_get_lock_wait_without_a_cursor_can_be_interrupted_by_a_signal() -> None:
+    """The wait for the reply is on the socket in Python, so a signal's handler runs
+    during a long ``GET_LOCK`` and may end it (Ctrl-C's KeyboardInterrupt)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    own = DedicatedConnections("default")
+    driver = own.get().connection
+    name = "dedicated:interrupted"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        began = time.monotonic()
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                value_at_once(driver, "SELECT GET_LOCK(%s, %s)", (name, 30))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            own.discard()  # its GET_LOCK still waits in the server: the session ends
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+        assert time.monotonic() - began < 5

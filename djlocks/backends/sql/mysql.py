@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -458,10 +459,15 @@ def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
 
 def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
     """The first value of the first row of ``sql`` (``None`` if it has none), run on a
-    mysqlclient ``connection`` through its wrapper of the C API (``query``,
-    ``store_result``), its parameters quoted by the connection (``literal``) as the
-    driver's cursor quotes them: a cursor's ``execute`` and ``fetchone`` cost about 350
-    Python bytecodes more, a tenth of a lock's acquire and release.
+    mysqlclient ``connection`` through its wrapper of the C API (``send_query``,
+    ``read_query_result``, ``store_result``), its parameters quoted by the connection
+    (``literal``) as the driver's cursor quotes them: a cursor's ``execute`` and
+    ``fetchone`` cost about 350 Python bytecodes more, a tenth of a lock's acquire and
+    release.
+
+    The wait for the reply is on the socket (``poll``), so Ctrl-C or a signal's
+    handler interrupts a long ``GET_LOCK`` (the C API's ``query`` would not return
+    before the server replied). The statement then still runs: end the session.
 
     Raises mysqlclient's errors (wrap the call in Django's ``wrap_database_errors``),
     its ``OperationalError`` for a connection that is closed (``connection`` ``None``:
@@ -471,7 +477,11 @@ def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
         if connection is None:
             raise _closed()
         query = sql.encode(connection.encoding) % tuple(map(connection.literal, params))
-        connection.query(query)
+        connection.send_query(query)
+        replied = select.poll()
+        replied.register(connection.fileno(), select.POLLIN)
+        replied.poll()
+        connection.read_query_result()
         rows = connection.store_result().fetch_row()
     except _interface_error() as exc:
         raise _closed() from exc
