@@ -23,8 +23,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 PGBOUNCER = "/usr/sbin/pgbouncer"  # Debian's package, installed by `make setup`
 
@@ -396,3 +398,28 @@ def _accepts(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
         return True
     return False
+
+
+class Interrupted(Exception):
+    """What ``interrupted_after``'s signal handler raises."""
+
+
+@contextlib.contextmanager
+def interrupted_after(seconds: float) -> Iterator[None]:
+    """Expect the block, run in the main thread, to be ended after ``seconds`` by a
+    signal whose handler raises (as Ctrl-C's ``KeyboardInterrupt`` does): it must raise
+    ``Interrupted`` within 5 s. The handler and the timer are restored afterwards."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    began = time.monotonic()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        with pytest.raises(Interrupted):
+            yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - began < 5, "the wait went on long after the signal"
