@@ -44,8 +44,9 @@ Keys and defaults (all optional):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.signals import setting_changed
@@ -81,9 +82,20 @@ def djlocks_settings() -> dict[str, Any]:
     return {**DEFAULTS, **configured}
 
 
+Normalized = TypeVar("Normalized")
+
+
+@cache
+def normalized_setting(key: str, normalize: Callable[[Any], Normalized]) -> Normalized:
+    """``normalize(DJLOCKS[key])`` (a default read at every acquire), computed once per
+    value of the setting; what ``normalize`` raises is raised each time."""
+    return normalize(djlocks_settings()[key])
+
+
 @receiver(setting_changed)
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
     """Re-read ``DJLOCKS`` when a test changes it (the backends rebuild themselves:
     ``djlocks.backends.BackendHandler.settings_changed``)."""
     if setting == "DJLOCKS":
         djlocks_settings.cache_clear()
+        normalized_setting.cache_clear()

@@ -29,7 +29,7 @@ from djlocks.arguments import (
 from djlocks.backends import backends
 from djlocks.backends.base import AcquireRequest, LockBackend
 from djlocks.backends.waiting import Abort
-from djlocks.conf import djlocks_settings
+from djlocks.conf import normalized_setting
 from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable, LockLost, NotAcquired, NotHeld
 from djlocks.forksafe import fork_safe_lock
@@ -181,7 +181,7 @@ class Lock:
 
     @property
     def ttl(self) -> float:
-        return self._ttl if self._ttl is not None else normalize_ttl(djlocks_settings()["TTL"])
+        return self._ttl if self._ttl is not None else normalized_setting("TTL", normalize_ttl)
 
     @property
     def max_hold(self) -> float | None:
@@ -189,7 +189,8 @@ class Lock:
         spec's, else ``DJLOCKS["MAX_HOLD"]``."""
         if self._max_hold is not None:
             return self._max_hold
-        return normalize_max_hold(djlocks_settings()["MAX_HOLD"])
+        default: float | None = normalized_setting("MAX_HOLD", normalize_max_hold)
+        return default
 
     @property
     def backend(self) -> LockBackend:
@@ -261,6 +262,7 @@ class Lock:
             cooldown=self.cooldown,
             identity=current_identity(self.label),
         )
+        holder = _holder_key()  # read before the wait: after the grant, the next waits on it
         measured = metrics.waiting(self.backend_alias, self.name)
         try:
             record = backend.acquire(request, deadline, abort)
@@ -290,7 +292,7 @@ class Lock:
         if self.renew:
             heartbeat.add(grant)
         with self._held_guard:
-            self._held.setdefault(_holder_key(), []).append(grant)
+            self._held.setdefault(holder, []).append(grant)
         acquire_log.debug("acquired %s slot %s fence %s", self.name, grant.slot, grant.fence)
         return grant
 

@@ -202,11 +202,13 @@ class Grant:
                 f"The grant of {self.name!r} lives in the database transaction of the "
                 f"thread that acquired it; release it from that thread."
             )
-        heartbeat.discard(self)
         lost_earlier = self.begin_release()
         try:
             self._release_at_store(exc_info, lost_earlier)
         finally:
+            # After the store's release, which the next holder waits for: a renewal
+            # meanwhile reports nothing (``begin_release``).
+            heartbeat.discard(self)
             self._measure_end()
         release_log.debug("released %s fence %s", self.name, self.fence)
         events.grant_ended(self, Kind.RELEASED)

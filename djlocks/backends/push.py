@@ -257,8 +257,10 @@ class ClosedSockets:
 
     def watch(self, key: str, socket: int, notice: Callable[[], None]) -> Callable[[], None]:
         """Call ``notice()`` once when the peer of the socket ``socket`` (a file
-        descriptor) hangs up; return the function that ends the watch. End it before
-        the socket is closed."""
+        descriptor) hangs up; return the function that ends the watch. A watch still on
+        the socket when it is closed fires once (``poll`` reports the closed descriptor,
+        or a new socket given the same number hangs up later): ``notice`` must expect a
+        call after its grant's release (the heartbeat's ignores it)."""
         with self._guard:
             if self._pid != os.getpid():  # first use, or a forked child
                 self._pid, self._own = os.getpid(), self._new_thread()

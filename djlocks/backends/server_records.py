@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings
 from django.db import DatabaseError
 
 from djlocks import background
@@ -123,15 +124,11 @@ def _holder_row(
     )
 
 
-@dataclass(frozen=True)
-class HolderRecord:
-    """A grant whose holder row is yet to be written: where, and the row."""
-
-    using: str
-    vendor: str
-    tables: RecordTables
-    fence: int
-    row: tuple[object, ...]  # HOLDER_COLUMNS: name_key, slot, name, slot_limit, ...
+#: A grant: its request, slot, token, fence, connection id, and ``time.time()`` then.
+Granted = tuple[AcquireRequest, int, str, int, int, float]
+#: A grant whose holder row is yet to be written, as the caller hands it over (the
+#: writer's thread builds the row): the database alias and vendor, the tables, the grant.
+HolderRecord = tuple[str, str, RecordTables, Granted]
 
 
 class HolderRecords:
@@ -149,36 +146,31 @@ class HolderRecords:
             self._write, "djlocks-holders"
         )
 
-    def submit(
-        self,
-        using: str,
-        vendor: str,
-        tables: RecordTables,
-        grant: tuple[AcquireRequest, int, str, int, int, datetime],
-    ) -> None:
-        """Write the holder row of ``grant`` (request, slot, token, fence, connection
-        id, granted at) soon."""
-        fence = grant[3]
-        self._writer.submit([HolderRecord(using, vendor, tables, fence, _holder_row(*grant))])
+    def submit(self, record: HolderRecord) -> None:
+        """Write the holder row of ``record`` soon. Only a tuple is made here, in the
+        holder's thread: its row is built on the writer's."""
+        self._writer.submit([record])
 
     def flush(self, timeout: float = background.EXIT_WAIT) -> bool:
         """Wait up to ``timeout`` seconds until the rows submitted so far are written."""
         return self._writer.flush(timeout)
 
     def _write(self, records: list[HolderRecord]) -> None:
-        batches: dict[tuple[str, str, RecordTables], dict[tuple[object, object], HolderRecord]]
-        batches = {}
-        for record in records:  # a process submits a slot's grants in order: the last wins
-            batch = batches.setdefault((record.using, record.vendor, record.tables), {})
-            batch[record.row[0], record.row[1]] = record
+        batches: dict[tuple[str, str, RecordTables], dict[tuple[str, int], Granted]] = {}
+        for using, vendor, tables, grant in records:
+            # A process submits a slot's grants in order: the last wins.
+            newest = batches.setdefault((using, vendor, tables), {})
+            newest[table_key(grant[0].name), grant[1]] = grant
         for (using, vendor, tables), newest in batches.items():
-            names: dict[object, tuple[object, object, object, int]] = {}
-            for record in newest.values():  # each name's newest fence
-                key, _, name, limit = record.row[:4]
-                if key not in names or names[key][3] < record.fence:
-                    names[key] = (key, name, limit, record.fence)
+            names: dict[str, tuple[str, str, int, int]] = {}
+            for (key, _), (request, _, _, fence, _, _) in newest.items():  # newest fences
+                if key not in names or names[key][3] < fence:
+                    names[key] = (key, request.name, request.limit, fence)
             # In key order, so two processes' batches lock the rows in the same order.
-            rows = [newest[slot].row for slot in sorted(newest, key=str)]
+            rows = [
+                _holder_row(*grant[:5], _moment(grant[5]))
+                for grant in (newest[slot] for slot in sorted(newest, key=str))
+            ]
             fences = [names[key] for key in sorted(names, key=str)]
             connections = self._connections[using]
             for attempt in (1, 2):  # a connection the server closed while idle: once more
@@ -195,6 +187,11 @@ class HolderRecords:
                             len(rows),
                             exc,
                         )
+
+
+def _moment(seconds: float) -> datetime:
+    """``time.time()``'s ``seconds`` as ``timezone.now()`` would have given them then."""
+    return datetime.fromtimestamp(seconds, tz=UTC if settings.USE_TZ else None)
 
 
 #: The process's holder records of the backends that write them in the background.

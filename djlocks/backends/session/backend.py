@@ -118,6 +118,7 @@ class SessionBackend(SessionClaims, SessionInspection):
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
         self._refuse(request)
+        token = secrets.token_hex(16)  # made before the grant: nothing else waits on it then
         session = self._checkout()
         try:
             with abort.cancelling(lambda: self._kill_aside(session)) if abort else nullcontext():
@@ -129,7 +130,6 @@ class SessionBackend(SessionClaims, SessionInspection):
                 session.close()  # granted after the caller gave up: the grant ends with it
                 return None
             slot, fence = claimed
-            token = secrets.token_hex(16)
             fence = self._record(session, request, slot, token, fence)
         except DatabaseError as exc:
             self._end(session)  # whatever it may have been granted or still waits for

@@ -17,12 +17,12 @@ gives the gate back, so the next waiter's turn starts without another round trip
 from __future__ import annotations
 
 import random
+import time
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError
-from django.utils import timezone
 
 from djlocks.backends.base import AcquireRequest
 from djlocks.backends.described import describe
@@ -113,8 +113,8 @@ class SessionClaims(SessionStore):
         and recorded with one durable write."""
         if self.fences_in_grant:
             self._register(session, request)  # the server's view can name the holder
-            grant = (request, slot, token, fence, session.connection_id, timezone.now())
-            holder_records.submit(self.using, self.vendor, SESSION_TABLES, grant)
+            grant = (request, slot, token, fence, session.connection_id, time.time())
+            holder_records.submit((self.using, self.vendor, SESSION_TABLES, grant))
             return fence
         with session.cursor() as cursor:
             return record_grant(
