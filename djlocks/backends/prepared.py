@@ -22,6 +22,11 @@ nothing proves it, so those connections keep Django's client-side binding; so
 does a connection from Django's pool (``OPTIONS["pool"]``), which goes back to
 the application. An ``OPTIONS["prepare_threshold"]`` set on the database alias
 is followed as given (``None``: never prepare).
+
+A connection that prepares also plans each prepared statement once
+(``plan_cache_mode = force_generic_plan``): left to choose, the server planned
+the lease's hand-over again at every execution, about 100 µs of each bind, and
+came to the same plan (index lookups by token and name).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 #: psycopg's default: a statement is prepared the fifth time it runs.
 PSYCOPG_THRESHOLD = 5
+#: Plan each prepared statement once (PostgreSQL 12 and later).
+GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 
 def prepare_where_direct(wrapper: BaseDatabaseWrapper) -> bool:
@@ -58,6 +65,8 @@ def prepare_where_direct(wrapper: BaseDatabaseWrapper) -> bool:
     connection = wrapper.connection
     connection.cursor_factory = ServerBindingCursor
     connection.prepare_threshold = threshold
+    with wrapper.wrap_database_errors, connection.cursor() as cursor:
+        cursor.execute(GENERIC_PLANS)
     return True
 
 
