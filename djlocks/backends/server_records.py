@@ -124,7 +124,8 @@ def _holder_row(
     )
 
 
-#: A grant: its request, slot, token, fence, connection id, and ``time.time()`` then.
+#: A grant: its request, slot, token, fence, connection id, and the wall clock's
+#: seconds then (``time.time``: shown in the holder row, never compared with a deadline).
 Granted = tuple[AcquireRequest, int, str, int, int, float]
 #: A grant whose holder row is yet to be written, as the caller hands it over (the
 #: writer's thread builds the row): the database alias and vendor, the tables, the grant.
@@ -190,7 +191,8 @@ class HolderRecords:
 
 
 def _moment(seconds: float) -> datetime:
-    """``time.time()``'s ``seconds`` as ``timezone.now()`` would have given them then."""
+    """The wall clock's ``seconds`` (``time.time``) as ``timezone.now()`` would have
+    given them then."""
     return datetime.fromtimestamp(seconds, tz=UTC if settings.USE_TZ else None)
 
 

@@ -113,7 +113,10 @@ class SessionClaims(SessionStore):
         and recorded with one durable write."""
         if self.fences_in_grant:
             self._register(session, request)  # the server's view can name the holder
-            grant = (request, slot, token, fence, session.connection_id, time.time())
+            # The holder row shows when the grant began, by the wall clock (as
+            # ``timezone.now()`` would; the writer's thread converts it).
+            now = time.time()  # wall clock ok
+            grant = (request, slot, token, fence, session.connection_id, now)
             holder_records.submit((self.using, self.vendor, SESSION_TABLES, grant))
             return fence
         with session.cursor() as cursor:
