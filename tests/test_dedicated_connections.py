@@ -12,7 +12,7 @@ from django.db import DatabaseError, connection
 from djlocks import Lock, LockLost
 from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
-from djlocks.backends.sql.mysql import value_at_once
+from djlocks.backends.sql.mysql import run_at_once, value_at_once
 from tests.faults import interrupted_after
 
 pytestmark = [
@@ -105,6 +105,27 @@ def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_erro
         value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,))
     with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
         value_at_once(None, "SELECT 1", ())
+    own.discard()
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="mysqlclient's C API wrapper")
+def test_a_change_without_a_cursor_gives_the_rows_it_matched_and_its_last_insert_id() -> None:
+    """``run_at_once`` (the lease's claim and release on MySQL/MariaDB): an ``UPDATE``
+    gives no row, the rows it matched (changed or not, as Django's connections count
+    them) and the value ``LAST_INSERT_ID(expr)`` set, which is the claim's fence; a
+    ``SELECT`` its first row, typed by the driver."""
+    own = DedicatedConnections("default")
+    driver = own.get().connection
+    run_at_once(driver, "CREATE TEMPORARY TABLE dedicated_counts (n BIGINT)", ())
+    assert run_at_once(driver, "INSERT INTO dedicated_counts VALUES (%s), (%s)", (5, 7))[1] == 2
+    bump = "UPDATE dedicated_counts SET n = LAST_INSERT_ID(n + 1) WHERE n = %s"
+    assert run_at_once(driver, bump, (7,)) == (None, 1, 8)
+    assert run_at_once(driver, bump, (99,))[:2] == (None, 0)
+    same = "UPDATE dedicated_counts SET n = n WHERE n > %s"
+    assert run_at_once(driver, same, (0,))[1] == 2  # matched, though nothing changed
+    first = "SELECT n, NULL FROM dedicated_counts WHERE n > %s ORDER BY n"
+    assert run_at_once(driver, first, (0,))[:2] == ((5, None), 2)
+    assert run_at_once(driver, first, (100,))[:2] == (None, 0)
     own.discard()
 
 

@@ -40,6 +40,23 @@ def test_the_last_value_comes_as_text_or_none_and_no_row_is_an_error(
         direct.value("SELECT 1 WHERE %s", (False,))
 
 
+def test_an_outcome_is_the_first_row_as_text_and_the_rows_returned_or_changed(
+    direct: DirectStatements,
+) -> None:
+    """``outcome`` (the lease store's statements): a command's count and no row, a row
+    set's first row and its size; a statement that returns no row is no error."""
+    assert direct.outcome("CREATE TEMPORARY TABLE direct_counts (n int)", ()) == (None, 0)
+    assert direct.outcome("INSERT INTO direct_counts VALUES (%s), (%s), (%s)", (1, 2, 3)) == (
+        None,
+        3,
+    )
+    bump = "UPDATE direct_counts SET n = n + 10 WHERE n > %s"
+    assert direct.outcome(bump + " RETURNING n, NULL::text", (2,)) == (["13", None], 1)
+    assert direct.outcome(bump, (1,)) == (None, 2)
+    assert direct.outcome("SELECT n FROM direct_counts ORDER BY n", ()) == (["1"], 3)
+    assert direct.outcome("SELECT n FROM direct_counts WHERE n > %s", (99,)) == (None, 0)
+
+
 def test_an_error_has_its_sqlstate_and_leaves_the_session_usable(
     direct: DirectStatements,
 ) -> None:

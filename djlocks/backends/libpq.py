@@ -33,14 +33,16 @@ PLACEHOLDER = re.compile(r"%s")
 PREPARED_PREFIX = "djlocks_"
 #: SQLSTATE invalid_sql_statement_name: no prepared statement of that name.
 NO_SUCH_STATEMENT = "26000"
-TUPLES_OK = pq.ExecStatus.TUPLES_OK
+#: A statement's result that is no error: a row set, or a command's count.
+SUCCEEDED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 
 #: A statement in libpq's ``$n`` style, and the name it is prepared under (or ``None``).
 Known = tuple[bytes, bytes | None]
 
 
 class DirectStatements:
-    """One-row statements on one psycopg ``connection``, bypassing its cursors.
+    """Statements on one psycopg ``connection`` that return at most one row or change
+    rows, bypassing its cursors.
 
     ``prepare``: prepare each statement the first time it runs (only on a
     connection that reaches the server directly: a pooler in transaction mode
@@ -69,17 +71,34 @@ class DirectStatements:
         exceptions. Anything raised while it waits (Ctrl-C) leaves the statement
         running: close the connection then.
         """
+        result = self._result(sql, params)
+        if not result.ntuples:
+            raise ProgrammingError(f"{sql!r} returned no row")
+        value = result.get_value(0, result.nfields - 1)
+        return None if value is None else str(value.decode())
+
+    def outcome(self, sql: str, params: Sequence[object]) -> tuple[list[str | None] | None, int]:
+        """Run ``sql`` as ``value`` does; its first row's values as text (``None`` for
+        SQL ``NULL``; the row ``None`` if it returned none) and the number of rows it
+        returned or changed (an ``UPDATE``'s count). Raises as ``value`` does, but
+        never for a statement that returns no row."""
+        result = self._result(sql, params)
+        changed = result.command_tuples or 0
+        if not result.ntuples:
+            return None, changed
+        row = [result.get_value(0, field) for field in range(result.nfields)]
+        return [None if value is None else str(value.decode()) for value in row], changed
+
+    def _result(self, sql: str, params: Sequence[object]) -> Any:
+        """Run ``sql`` with ``params`` (sent as text); its result, or raise its error."""
         if self._connection.closed:
             raise OperationalError("the connection is closed")
         known = self._statements.get(sql) or self._known(sql)
         values = [None if param is None else str(param).encode() for param in params]
         result = self._run(known, values)
-        if result.status != TUPLES_OK:
+        if result.status not in SUCCEEDED:
             result = self._after_failure(sql, known, values, result)
-        if not result.ntuples:
-            raise ProgrammingError(f"{sql!r} returned no row")
-        value = result.get_value(0, result.nfields - 1)
-        return None if value is None else str(value.decode())
+        return result
 
     def _run(self, known: Known, values: list[bytes | None]) -> Any:
         """Send a statement, wait for its result (on the socket: interruptible), and
@@ -104,7 +123,7 @@ class DirectStatements:
             while self._next_result(pgconn) is not None:
                 pass
         except OperationalError:
-            if result is None or result.status == TUPLES_OK:
+            if result is None or result.status in SUCCEEDED:
                 raise
         return result
 
@@ -119,14 +138,14 @@ class DirectStatements:
     def _after_failure(
         self, sql: str, known: Known, values: list[bytes | None], result: Any
     ) -> Any:
-        """A statement's result that is no row set: raised as psycopg's error, unless
+        """A statement's result that is an error: raised as psycopg's error, unless
         its prepared statement was deallocated by someone (``DEALLOCATE ALL``), so that
         nothing ran: then run unprepared, as it will be from now on."""
         statement, name = known
         if name is not None and _state(result) == NO_SUCH_STATEMENT:
             self._statements[sql] = (statement, None)
             result = self._run((statement, None), values)
-        if result.status != TUPLES_OK:
+        if result.status not in SUCCEEDED:
             raise _error(result)
         return result
 

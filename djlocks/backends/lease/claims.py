@@ -141,18 +141,16 @@ class LeaseClaims(LeaseStore):
             key,
             ticket,
         )
-        with statement_cursor(db) as cursor:
-            if d.returning:
-                cursor.execute(sql + " RETURNING fence, expires_at", params)
-                row = cursor.fetchone()
-                if row is None:
-                    return None
-                return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]), requested_at=sent)
-            cursor.execute(sql, params)
-            if cursor.rowcount != 1:
+        if d.returning:
+            row = self._outcome(db, sql + " RETURNING fence, expires_at", params)[0]
+            if row is None:
                 return None
-            estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
-            return GrantRecord(token, 0, int(cursor.lastrowid), estimate, requested_at=sent)
+            return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]), requested_at=sent)
+        _, claimed, fence = self._outcome(db, sql, params)
+        if claimed != 1:
+            return None
+        estimate = datetime.now(UTC) + timedelta(seconds=request.ttl)  # wall clock ok
+        return GrantRecord(token, 0, fence, estimate, requested_at=sent)
 
     def _claim_free_slot(
         self,

@@ -28,7 +28,7 @@ from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
 from djlocks.backends.push import PostgresListener
 from djlocks.backends.sql import database_now, lease_dialect
-from djlocks.backends.sql.dialects import LeaseDialect
+from djlocks.backends.sql.dialects import LeaseDialect, Outcome
 from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import fork_safe_lock
@@ -178,14 +178,22 @@ class LeaseStore(LockBackend):
                     f"{self.using!r}: {exc}.{missing_table_hint(exc)}"
                 ) from exc
 
-    @staticmethod
-    def _execute(
-        db: BaseDatabaseWrapper, sql: str, params: Sequence[object] | Mapping[str, object]
-    ) -> int:
-        """Run one statement; the number of rows it changed."""
+    def _execute(self, db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
+        """Run one statement (``%s`` placeholders); the number of rows it changed, or
+        returned (``_outcome``)."""
+        return self._outcome(db, sql, params)[1]
+
+    def _outcome(self, db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> Outcome:
+        """Run one statement (``%s`` placeholders) on the dedicated connection ``db``:
+        without a cursor where the store can (``LeaseDialect.run_at_once``), else on the
+        connection's cursor (``statement_cursor``)."""
+        run_at_once = self.dialect.run_at_once
+        if run_at_once is not None:
+            return run_at_once(db.connection, sql, params)
         with statement_cursor(db) as cursor:
             cursor.execute(sql, params)
-            return int(cursor.rowcount)
+            row = cursor.fetchone() if cursor.description else None
+            return row, int(cursor.rowcount), int(cursor.lastrowid or 0)
 
     def _note_queued_grant(self, token: str) -> None:
         """Remember that the grant ``token`` was got by waiting (``_queued_grants``)."""

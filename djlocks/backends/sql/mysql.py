@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
 from djlocks.backends.sql import giving_back_first
-from djlocks.backends.sql.dialects import LeaseDialect
+from djlocks.backends.sql.dialects import LeaseDialect, Outcome
 from djlocks.exceptions import LockDeadlock
 
 # -- History (djlocks.events) ------------------------------------------------
@@ -224,6 +224,51 @@ def session_id(connection: Any) -> int:
     return int(connection.thread_id())
 
 
+def run_at_once(connection: Any, sql: str, params: Sequence[object]) -> Outcome:
+    """Run ``sql`` on a mysqlclient ``connection`` through its wrapper of the C API
+    (``send_query``, ``read_query_result``, ``store_result``), its parameters quoted
+    by the connection (``literal``) as the driver's cursor quotes them: a cursor's
+    ``execute`` and ``fetchone`` cost about 350 Python bytecodes more, a tenth of a
+    lock's acquire and release. Its first row (``None`` if it returned none), the rows
+    it matched (Django's connections count matched rows, not changed ones), and the
+    value ``LAST_INSERT_ID(expr)`` set.
+
+    The wait for the reply is on the socket (``poll``), so Ctrl-C or a signal's
+    handler interrupts a long ``GET_LOCK`` (the C API's ``query`` would not return
+    before the server replied). The statement then still runs: end the session.
+
+    Raises mysqlclient's errors (wrap the call in Django's ``wrap_database_errors``),
+    its ``OperationalError`` for a connection that is closed (``connection`` ``None``:
+    closed by Django), as a cursor would: mysqlclient's own ``InterfaceError`` for it is
+    no ``DatabaseError``."""
+    try:
+        if connection is None:
+            raise _closed()
+        query = sql.encode(connection.encoding) % tuple(map(connection.literal, params))
+        connection.send_query(query)
+        replied = select.poll()
+        replied.register(connection.fileno(), select.POLLIN)
+        replied.poll()
+        connection.read_query_result()
+        result = connection.store_result()
+        rows = result.fetch_row() if result is not None else ()
+        return (rows[0] if rows else None), connection.affected_rows(), connection.insert_id()
+    except _interface_error() as exc:
+        raise _closed() from exc
+
+
+def _interface_error() -> type[Exception]:
+    from MySQLdb import InterfaceError  # type: ignore[import-untyped]
+
+    return InterfaceError  # type: ignore[no-any-return]
+
+
+def _closed() -> Exception:
+    from MySQLdb import OperationalError
+
+    return OperationalError(0, "the connection is closed")  # type: ignore[no-any-return]
+
+
 LEASE = LeaseDialect(
     now="UTC_TIMESTAMP(6)",
     plus_seconds="UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND",
@@ -245,6 +290,7 @@ LEASE = LeaseDialect(
     session_id=session_id,
     idle_limit=lambda seconds: f"SET SESSION wait_timeout = {seconds}",
     seconds_until="TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), {}) / 1000000",
+    run_at_once=run_at_once,
 )
 
 
@@ -459,45 +505,9 @@ def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
 
 def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
     """The first value of the first row of ``sql`` (``None`` if it has none), run on a
-    mysqlclient ``connection`` through its wrapper of the C API (``send_query``,
-    ``read_query_result``, ``store_result``), its parameters quoted by the connection
-    (``literal``) as the driver's cursor quotes them: a cursor's ``execute`` and
-    ``fetchone`` cost about 350 Python bytecodes more, a tenth of a lock's acquire and
-    release.
-
-    The wait for the reply is on the socket (``poll``), so Ctrl-C or a signal's
-    handler interrupts a long ``GET_LOCK`` (the C API's ``query`` would not return
-    before the server replied). The statement then still runs: end the session.
-
-    Raises mysqlclient's errors (wrap the call in Django's ``wrap_database_errors``),
-    its ``OperationalError`` for a connection that is closed (``connection`` ``None``:
-    closed by Django), as a cursor would: mysqlclient's own ``InterfaceError`` for it is
-    no ``DatabaseError``."""
-    try:
-        if connection is None:
-            raise _closed()
-        query = sql.encode(connection.encoding) % tuple(map(connection.literal, params))
-        connection.send_query(query)
-        replied = select.poll()
-        replied.register(connection.fileno(), select.POLLIN)
-        replied.poll()
-        connection.read_query_result()
-        rows = connection.store_result().fetch_row()
-    except _interface_error() as exc:
-        raise _closed() from exc
-    return rows[0][0] if rows else None
-
-
-def _interface_error() -> type[Exception]:
-    from MySQLdb import InterfaceError  # type: ignore[import-untyped]
-
-    return InterfaceError  # type: ignore[no-any-return]
-
-
-def _closed() -> Exception:
-    from MySQLdb import OperationalError
-
-    return OperationalError(0, "the connection is closed")  # type: ignore[no-any-return]
+    mysqlclient ``connection`` without a cursor (``run_at_once``)."""
+    row = run_at_once(connection, sql, params)[0]
+    return row[0] if row else None
 
 
 #: SQL that releases one named lock (``%s``): 1 if this session held it, 0 if another

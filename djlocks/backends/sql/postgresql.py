@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import selectors
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
-from djlocks.backends.sql.dialects import LeaseDialect, enqueue_returning
+from djlocks.backends.sql.dialects import LeaseDialect, Outcome, counting_ahead
 
 # -- History (djlocks.events) ------------------------------------------------
 
@@ -128,8 +129,8 @@ def lease_notifying(update: str, waiters: str, wake: bool, holders: bool) -> str
 
 def lease_handing_over(slots: str, waiters: str) -> str:
     """A lease release that hands the slot to the head of the name's queue in the same
-    statement, and wakes the waiters (``NOTIFY``). One named parameter: ``token``, the
-    released grant's.
+    statement, and wakes the waiters (``NOTIFY``). Three ``%s`` parameters, each the
+    released grant's token.
 
     The name's slot rows are locked first, in slot order (as claims lock them), so
     the heir's fence is one more than the name's largest and two hand-overs never
@@ -150,11 +151,11 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     now = "statement_timestamp()"
     return (
         f"WITH freed AS (SELECT name_key, slot_limit FROM {slots} "
-        f"WHERE token = %(token)s AND expires_at > {now}), "
+        f"WHERE token = %s AND expires_at > {now}), "
         f"locked AS (SELECT s.fence, s.token, s.expires_at FROM {slots} s "
         f"JOIN freed USING (name_key) ORDER BY s.slot FOR UPDATE OF s), "
         f"top AS (SELECT max(fence) AS fence FROM locked), "
-        f"mine AS (SELECT 1 FROM locked WHERE token = %(token)s AND expires_at > {now}), "
+        f"mine AS (SELECT 1 FROM locked WHERE token = %s AND expires_at > {now}), "
         f"heir AS (DELETE FROM {waiters} WHERE token IS NOT NULL "
         f"AND slot_limit = (SELECT slot_limit FROM freed) AND EXISTS (SELECT 1 FROM mine) "
         f"AND id = (SELECT w.id FROM {waiters} w JOIN freed USING (name_key) "
@@ -168,7 +169,7 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"host = COALESCE(heir.host, s.host), pid = COALESCE(heir.pid, s.pid), "
         f"thread = COALESCE(heir.thread, s.thread), label = COALESCE(heir.label, s.label) "
         f"FROM top LEFT JOIN heir ON true "
-        f"WHERE s.token = %(token)s AND s.expires_at > {now} "
+        f"WHERE s.token = %s AND s.expires_at > {now} "
         f"RETURNING s.name_key, s.slot_limit, s.token, s.slot, s.fence, s.expires_at, "
         f"heir.id, heir.connection_id) "
         f"SELECT CASE WHEN changed.id IS NULL "
@@ -240,10 +241,42 @@ def lease_claiming_free_slot(
 
 
 def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, None]:
-    """Release the grant ``token`` and hand its slot over (``lease_handing_over``): how
-    many slots it released; the heir is woken by the statement's ``NOTIFY``."""
-    cursor.execute(lease_handing_over(slots, waiters), {"token": token})
-    return int(cursor.rowcount), None
+    """Release the grant ``token`` and hand its slot over (``lease_handing_over``) on
+    the cursor's connection, through libpq (``run_at_once``): how many slots it
+    released; the heir is woken by the statement's ``NOTIFY``."""
+    handing_over = lease_handing_over(slots, waiters)
+    return run_at_once(cursor.connection, handing_over, (token, token, token))[1], None
+
+
+def lease_enqueue(
+    cursor: Any, insert: str, params: Sequence[object], waiters: str, now: str
+) -> tuple[int, int]:
+    """Run ``insert``, of a waiter row, on the cursor's connection through libpq
+    (``run_at_once``): the row's id, its ticket, and how many live waiters of the name
+    are ahead of it (``counting_ahead``), in one statement."""
+    row = run_at_once(cursor.connection, counting_ahead(insert, waiters, now), params)[0]
+    assert row is not None, "an INSERT ... RETURNING returns its row"
+    return int(row[0]), int(row[1])
+
+
+#: Each psycopg connection's statements sent through libpq (``run_at_once``). They
+#: hold their connection by a weak proxy, so that the entry goes with the connection.
+_direct: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def run_at_once(connection: Any, sql: str, params: Sequence[object]) -> Outcome:
+    """Run ``sql`` on the psycopg ``connection`` through libpq
+    (``libpq.DirectStatements``), prepared where psycopg prepares that connection's
+    statements (``prepared.prepare_where_direct``): its first row, values as text.
+    Raises psycopg's errors."""
+    direct = _direct.get(connection)
+    if direct is None:
+        from djlocks.backends.libpq import DirectStatements  # psycopg, not psycopg2: checked
+
+        prepares = connection.prepare_threshold is not None
+        direct = _direct[connection] = DirectStatements(weakref.proxy(connection), prepares)
+    row, changed = direct.outcome(sql, params)
+    return row, changed, 0
 
 
 LEASE = LeaseDialect(
@@ -251,7 +284,7 @@ LEASE = LeaseDialect(
     plus_seconds="statement_timestamp() + %s * interval '1 second'",
     for_update=" FOR UPDATE",
     returning=True,
-    enqueue=enqueue_returning,
+    enqueue=lease_enqueue,
     fence_increment="fence = fence + 1",
     first_fence=FIRST_FENCE,
     begin="BEGIN",
@@ -265,6 +298,7 @@ LEASE = LeaseDialect(
     idle_limit=lambda seconds: f"SET idle_session_timeout = {seconds * 1000}",
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
+    run_at_once=run_at_once,
 )
 
 
