@@ -27,7 +27,7 @@ class LeaseSlot(models.Model):
     name = models.CharField(max_length=255)
     slot = models.PositiveIntegerField()
     limit = models.PositiveIntegerField(db_column="slot_limit")
-    token = models.CharField(max_length=32, null=True, blank=True, unique=True)
+    token = models.CharField(max_length=32, null=True, blank=True)
     fence = models.BigIntegerField(default=0)
     acquired_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
@@ -45,7 +45,13 @@ class LeaseSlot(models.Model):
 
     class Meta:
         db_table = "djlocks_lease_slot"
-        constraints = [models.UniqueConstraint(fields=["key", "slot"], name="djlocks_slot_key")]
+        # A constraint, not ``unique=True`` on the field: on PostgreSQL that also makes a
+        # second index on ``token`` (for ``LIKE``), which every claim and release, each
+        # changing the token, would write for nothing.
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_slot_key"),
+            models.UniqueConstraint(fields=["token"], name="djlocks_slot_token"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}[{self.slot}]"
@@ -137,7 +143,7 @@ class ServerHolder(models.Model):
     name = models.CharField(max_length=255)
     slot = models.PositiveIntegerField()
     limit = models.PositiveIntegerField(db_column="slot_limit")
-    token = models.CharField(max_length=32, unique=True)
+    token = models.CharField(max_length=32)
     fence = models.BigIntegerField()
     connection_id = models.BigIntegerField()
     acquired_at = models.DateTimeField()
@@ -166,7 +172,8 @@ class SessionHolder(ServerHolder):
     class Meta:
         db_table = "djlocks_session_holder"
         constraints = [
-            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_session_holder_slot")
+            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_session_holder_slot"),
+            models.UniqueConstraint(fields=["token"], name="djlocks_session_holder_token"),
         ]
 
 
@@ -183,7 +190,8 @@ class RowHolder(ServerHolder):
     class Meta:
         db_table = "djlocks_row_holder"
         constraints = [
-            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_row_holder_slot")
+            models.UniqueConstraint(fields=["key", "slot"], name="djlocks_row_holder_slot"),
+            models.UniqueConstraint(fields=["token"], name="djlocks_row_holder_token"),
         ]
 
 
