@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import selectors
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -210,15 +211,12 @@ def waiter_notice(payload: str) -> tuple[int, HandedOver | None] | None:
     return None
 
 
-def lease_claiming_free_slot(
-    cursor: Any, slots: str, waiters: str, params: Mapping[str, object]
-) -> Sequence[Any] | None:
-    """Claim a free slot in one ``UPDATE``: its CTE locks the name's slot rows in slot
-    order, the lowest free slot is taken if more are free than live waiters are
-    ahead, with a fence one more than the name's largest. Returns the slot, its fence
-    and its expiry, or ``None``."""
+@functools.cache
+def claiming_free_slot(slots: str, waiters: str) -> tuple[str, tuple[str, ...]]:
+    """The statement of ``lease_claiming_free_slot``, with ``%s`` placeholders, and the
+    names of its parameters in their order."""
     now = "statement_timestamp()"
-    cursor.execute(
+    return positional(
         f"WITH locked AS (SELECT slot, fence, (token IS NULL OR expires_at <= {now}) "
         f"AND (cooldown_until IS NULL OR cooldown_until <= {now}) AS free "
         f"FROM {slots} WHERE name_key = %(key)s AND slot_limit = %(limit)s "
@@ -233,11 +231,30 @@ def lease_claiming_free_slot(
         f"label = %(label)s FROM chosen, ahead "
         f"WHERE {slots}.name_key = %(key)s AND {slots}.slot = chosen.slot "
         f"AND chosen.free > ahead.waiting "
-        f"RETURNING {slots}.slot, {slots}.fence, {slots}.expires_at",
-        params,
+        f"RETURNING {slots}.slot, {slots}.fence, {slots}.expires_at"
     )
-    row: Sequence[Any] | None = cursor.fetchone()
-    return row
+
+
+def lease_claiming_free_slot(
+    cursor: Any, slots: str, waiters: str, params: Mapping[str, object]
+) -> Sequence[Any] | None:
+    """Claim a free slot in one ``UPDATE``, on the cursor's connection through libpq
+    (``run_at_once``): its CTE locks the name's slot rows in slot order, the lowest
+    free slot is taken if more are free than live waiters are ahead, with a fence one
+    more than the name's largest. Returns the slot, its fence and its expiry (as
+    text), or ``None``."""
+    claiming, names = claiming_free_slot(slots, waiters)
+    return run_at_once(cursor.connection, claiming, [params[name] for name in names])[0]
+
+
+#: A named placeholder, ``%(name)s``.
+NAMED_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+def positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql`` with its named placeholders (``%(name)s``) made ``%s`` ones, and their
+    names in order (a name used twice is there twice)."""
+    return NAMED_PLACEHOLDER.sub("%s", sql), tuple(NAMED_PLACEHOLDER.findall(sql))
 
 
 def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, None]:
