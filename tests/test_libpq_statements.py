@@ -4,6 +4,7 @@ session lock's grant and release, on a real server."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -72,14 +73,19 @@ def test_an_error_has_its_sqlstate_and_leaves_the_session_usable(
             cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
 
 
-def test_a_prepared_statement_deallocated_by_someone_runs_unprepared() -> None:
+def test_a_prepared_statement_deallocated_by_someone_is_prepared_again() -> None:
+    """``DEALLOCATE ALL`` (which psycopg sends after a ``ROLLBACK`` on a connection where
+    it prepared) costs one failed attempt, not the preparing for good."""
     own = DedicatedConnections("default")
     driver = own.get().connection
     direct = DirectStatements(driver, prepare=True)
-    assert direct.value("SELECT %s::int * 2", (21,)) == "42"
+    doubling = "SELECT %s::int * 2"
+    prepared = "SELECT count(*)::text FROM pg_prepared_statements WHERE statement = %s"
+    assert direct.value(doubling, (21,)) == "42"
     driver.execute("DEALLOCATE ALL")
-    assert direct.value("SELECT %s::int * 2", (4,)) == "8"
-    assert direct.value("SELECT %s::int * 2", (5,)) == "10"
+    assert direct.value(doubling, (4,)) == "8"
+    assert direct.value(doubling, (5,)) == "10"
+    assert direct.value(prepared, ("SELECT $1::int * 2",)) == "1"
     own.discard()
 
 
@@ -98,7 +104,8 @@ def test_a_session_the_server_ended_or_a_closed_connection_raise(
 def test_a_lock_wait_can_be_interrupted_by_a_signal(direct: DirectStatements) -> None:
     """The wait is on the socket in Python, so a signal's handler runs during it and
     may end it (Ctrl-C's KeyboardInterrupt); libpq's own blocking call would not return
-    before the server replied."""
+    before the server replied. The statement is cancelled before the interruption goes
+    on: the connection is free at once, and the wait never gets the lock."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_lock(%s)", [KEY])
         try:
@@ -106,6 +113,8 @@ def test_a_lock_wait_can_be_interrupted_by_a_signal(direct: DirectStatements) ->
                 direct.value("SELECT pg_advisory_lock(%s)", (KEY,))
         finally:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
+    time.sleep(0.1)  # a wait still running would have the lock by now
+    assert direct.value("SELECT pg_advisory_unlock(%s)", (KEY,)) == "f"
 
 
 def test_a_session_whose_socket_is_numbered_past_1024_works() -> None:

@@ -1,24 +1,31 @@
-"""Statements sent straight through libpq on djlocks' own PostgreSQL sessions.
+"""Statements sent straight through libpq on djlocks' own PostgreSQL connections.
 
 A psycopg cursor's ``execute`` and ``fetchone`` cost about 750 Python bytecodes
 (the query's conversion, the parameters' adaptation, the result's loading, the
 wait's generator): a fifth of a session lock's acquire and release. The session
-backend's grant and release statements go through psycopg's documented wrapper
-of libpq instead (``Connection.pgconn``, ``psycopg.pq``), parameters and values
-as text. Where the session prepares its statements (``backends.prepared``),
-each is prepared once per session under a name of djlocks' own, which saves
-the server its parsing and planning (about 45 µs for a grant, 12 µs for a
-release, measured on PostgreSQL 15).
+backend's grant and release statements, and the lease backend's hot statements
+(``sql.postgresql.run_at_once``), go through psycopg's documented wrapper of
+libpq instead (``Connection.pgconn``, ``psycopg.pq``), parameters and values as
+text, each parameter's type inferred by the server. Where the connection
+prepares its statements (``backends.prepared``), each is prepared the first time
+it runs, under a name of djlocks' own, which saves the server its parsing and
+planning (about 45 µs for a grant, 12 µs for a release, measured on PostgreSQL
+15); one that someone deallocated (``DEALLOCATE ALL``, which psycopg itself sends
+after a ``ROLLBACK`` on a connection where it prepared) is prepared again.
 
 The wait for the reply is on the socket, in Python, as psycopg's own is, so
-Ctrl-C interrupts a long lock wait. The statement is then still running on the
-session; the session backend ends such a session, as it ends any session whose
-acquire failed. Statements run under the connection's ``lock``, as psycopg's
-do, so they never interleave with a cursor's on another thread.
+Ctrl-C interrupts a long lock wait. As psycopg does, the statement is then
+cancelled, and its end awaited, before the interruption goes on: nothing runs
+on the connection afterwards, and no statement commits behind its caller's back
+(a lease claim waiting on a row lock would). Statements run under the
+connection's ``lock``, as psycopg's do, so they never interleave with a cursor's
+on another thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import select
 from collections.abc import Sequence
@@ -33,6 +40,11 @@ PLACEHOLDER = re.compile(r"%s")
 PREPARED_PREFIX = "djlocks_"
 #: SQLSTATE invalid_sql_statement_name: no prepared statement of that name.
 NO_SUCH_STATEMENT = "26000"
+#: Times a connection's prepared statements may be found deallocated and prepared
+#: again; after that (something deallocates them all the time) they run unprepared.
+PREPARED_AGAIN = 100
+#: Seconds a statement interrupted while it ran is given to end once cancelled.
+CANCEL_WAIT = 5.0
 #: A statement's result that is no error: a row set, or a command's count.
 SUCCEEDED = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 
@@ -55,6 +67,9 @@ class DirectStatements:
         self._prepare = prepare
         #: SQL in ``%s`` style -> how it is sent.
         self._statements: dict[str, Known] = {}
+        #: The numbers of the names statements are prepared under: each name once.
+        self._names = itertools.count()
+        self._prepared_again = 0
         # ``poll``, not ``select``, which refuses a socket numbered 1024 or more.
         self._readable, self._writable = select.poll(), select.poll()
         self._readable.register(connection.pgconn.socket, select.POLLIN)
@@ -110,9 +125,22 @@ class DirectStatements:
                 pgconn.send_query_params(statement, values)
             else:
                 pgconn.send_query_prepared(name, values)
-            while pgconn.flush():  # more to send: the socket's buffer was full
-                self._writable.poll()
-            return self._results(pgconn)
+            try:
+                while pgconn.flush():  # more to send: the socket's buffer was full
+                    self._writable.poll()
+                return self._results(pgconn)
+            except OperationalError:
+                raise  # the connection failed: nothing to cancel
+            except BaseException:  # interrupted (Ctrl-C, a signal's handler): cancel
+                self._cancel(pgconn)
+                raise
+
+    def _cancel(self, pgconn: Any) -> None:
+        """Cancel the statement sent and wait (``CANCEL_WAIT`` at most) until it has
+        ended, its results read; a connection that fails meanwhile is left so."""
+        with contextlib.suppress(Exception):
+            self._connection.cancel_safe(timeout=CANCEL_WAIT)
+            self._results(pgconn)
 
     def _results(self, pgconn: Any) -> Any:
         """Read until libpq has no more results of the statement sent; the first. An
@@ -140,11 +168,14 @@ class DirectStatements:
     ) -> Any:
         """A statement's result that is an error: raised as psycopg's error, unless
         its prepared statement was deallocated by someone (``DEALLOCATE ALL``), so that
-        nothing ran: then run unprepared, as it will be from now on."""
-        statement, name = known
+        nothing ran: then prepare it again and run it (unprepared from now on once
+        that happened ``PREPARED_AGAIN`` times)."""
+        name = known[1]
         if name is not None and _state(result) == NO_SUCH_STATEMENT:
-            self._statements[sql] = (statement, None)
-            result = self._run((statement, None), values)
+            self._prepared_again += 1
+            if self._prepared_again > PREPARED_AGAIN:
+                self._prepare = False
+            result = self._run(self._known(sql), values)
         if result.status not in SUCCEEDED:
             raise _error(result)
         return result
@@ -155,7 +186,7 @@ class DirectStatements:
         statement = PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).encode()
         name = None
         if self._prepare:
-            name = f"{PREPARED_PREFIX}{len(self._statements)}".encode()
+            name = f"{PREPARED_PREFIX}{next(self._names)}".encode()
             with self._connection.lock:
                 pgconn = self._connection.pgconn
                 pgconn.send_prepare(name, statement)

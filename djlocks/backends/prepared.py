@@ -13,7 +13,8 @@ advisory lock's.
 A djlocks connection that reaches the server directly prepares them: its
 statements are bound in the server (Django's ``ServerBindingCursor``) and
 psycopg prepares each one the fifth time it runs (psycopg's own default
-threshold). Direct means that the server sees this very socket: over TCP, the
+threshold); those djlocks sends through libpq (``libpq.DirectStatements``) are
+prepared the first time they run. Direct means that the server sees this very socket: over TCP, the
 client and server addresses and ports the server reports for the session
 (``inet_client_addr()``, ``inet_client_port()``, ``inet_server_addr()``,
 ``inet_server_port()``) are the socket's own two ends. Through a pooler or any

@@ -10,6 +10,20 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # The new constraint first, then the field's own unique index goes: no moment
+        # without one where DDL is not transactional (MySQL).
+        migrations.AddConstraint(
+            model_name='leaseslot',
+            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_slot_token'),
+        ),
+        migrations.AddConstraint(
+            model_name='rowholder',
+            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_row_holder_token'),
+        ),
+        migrations.AddConstraint(
+            model_name='sessionholder',
+            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_session_holder_token'),
+        ),
         migrations.AlterField(
             model_name='leaseslot',
             name='token',
@@ -24,17 +38,5 @@ class Migration(migrations.Migration):
             model_name='sessionholder',
             name='token',
             field=models.CharField(max_length=32),
-        ),
-        migrations.AddConstraint(
-            model_name='leaseslot',
-            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_slot_token'),
-        ),
-        migrations.AddConstraint(
-            model_name='rowholder',
-            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_row_holder_token'),
-        ),
-        migrations.AddConstraint(
-            model_name='sessionholder',
-            constraint=models.UniqueConstraint(fields=('token',), name='djlocks_session_holder_token'),
         ),
     ]

@@ -12,10 +12,10 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-#: What one statement run without a cursor gave (``LeaseDialect.run_at_once``): its
-#: first row (``None`` if it returned none; values as the driver reads them, as text
-#: on PostgreSQL), the number of rows it returned or changed, and the value MySQL's
-#: ``LAST_INSERT_ID(expr)`` set (0 elsewhere).
+#: What one statement gave (``LeaseDialect.run_at_once``, or a cursor where the store
+#: has none): its first row (``None`` if it returned none; values as the driver reads
+#: them, as text on PostgreSQL), the number of rows it returned or changed, and the
+#: last insert id (the value MySQL's ``LAST_INSERT_ID(expr)`` set; 0 on PostgreSQL).
 Outcome = tuple[Sequence[Any] | None, int, int]
 
 

@@ -224,18 +224,22 @@ def session_id(connection: Any) -> int:
     return int(connection.thread_id())
 
 
-def run_at_once(connection: Any, sql: str, params: Sequence[object]) -> Outcome:
+def run_at_once(
+    connection: Any, sql: str, params: Sequence[object], *, interruptible: bool = False
+) -> Outcome:
     """Run ``sql`` on a mysqlclient ``connection`` through its wrapper of the C API
-    (``send_query``, ``read_query_result``, ``store_result``), its parameters quoted
-    by the connection (``literal``) as the driver's cursor quotes them: a cursor's
-    ``execute`` and ``fetchone`` cost about 350 Python bytecodes more, a tenth of a
-    lock's acquire and release. Its first row (``None`` if it returned none), the rows
-    it matched (Django's connections count matched rows, not changed ones), and the
-    value ``LAST_INSERT_ID(expr)`` set.
+    (``query``, or ``send_query`` and ``read_query_result``, then ``store_result``),
+    its parameters quoted by the connection (``literal``) as the driver's cursor
+    quotes them: a cursor's ``execute`` and ``fetchone`` cost about 350 Python
+    bytecodes more, a tenth of a lock's acquire and release. Its first row (``None``
+    if it returned none), the rows it matched (Django's connections count matched
+    rows, not changed ones), and the value ``LAST_INSERT_ID(expr)`` set.
 
-    The wait for the reply is on the socket (``poll``), so Ctrl-C or a signal's
-    handler interrupts a long ``GET_LOCK`` (the C API's ``query`` would not return
-    before the server replied). The statement then still runs: end the session.
+    ``interruptible``: wait for the reply on the socket (``poll``), so that Ctrl-C or
+    a signal's handler interrupts a long ``GET_LOCK`` (the C API's ``query`` would not
+    return before the server replied). The statement then still runs: end the
+    session. Otherwise the wait is the C API's, as a cursor's is: a statement that
+    waits on a row lock is never left to commit behind its interrupted caller.
 
     Raises mysqlclient's errors (wrap the call in Django's ``wrap_database_errors``),
     its ``OperationalError`` for a connection that is closed (``connection`` ``None``:
@@ -245,11 +249,14 @@ def run_at_once(connection: Any, sql: str, params: Sequence[object]) -> Outcome:
         if connection is None:
             raise _closed()
         query = sql.encode(connection.encoding) % tuple(map(connection.literal, params))
-        connection.send_query(query)
-        replied = select.poll()
-        replied.register(connection.fileno(), select.POLLIN)
-        replied.poll()
-        connection.read_query_result()
+        if interruptible:
+            connection.send_query(query)
+            replied = select.poll()
+            replied.register(connection.fileno(), select.POLLIN)
+            replied.poll()
+            connection.read_query_result()
+        else:
+            connection.query(query)
         result = connection.store_result()
         rows = result.fetch_row() if result is not None else ()
         return (rows[0] if rows else None), connection.affected_rows(), connection.insert_id()
@@ -505,8 +512,9 @@ def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
 
 def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
     """The first value of the first row of ``sql`` (``None`` if it has none), run on a
-    mysqlclient ``connection`` without a cursor (``run_at_once``)."""
-    row = run_at_once(connection, sql, params)[0]
+    mysqlclient ``connection`` without a cursor, its wait interruptible
+    (``run_at_once``)."""
+    row = run_at_once(connection, sql, params, interruptible=True)[0]
     return row[0] if row else None
 
 

@@ -128,6 +128,7 @@ def lease_notifying(update: str, waiters: str, wake: bool, holders: bool) -> str
     )
 
 
+@functools.cache
 def lease_handing_over(slots: str, waiters: str) -> str:
     """A lease release that hands the slot to the head of the name's queue in the same
     statement, and wakes the waiters (``NOTIFY``). Three ``%s`` parameters, each the
@@ -282,10 +283,15 @@ _direct: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def run_at_once(connection: Any, sql: str, params: Sequence[object]) -> Outcome:
-    """Run ``sql`` on the psycopg ``connection`` through libpq
-    (``libpq.DirectStatements``), prepared where psycopg prepares that connection's
-    statements (``prepared.prepare_where_direct``): its first row, values as text.
-    Raises psycopg's errors."""
+    """Run ``sql`` (``%s`` placeholders, no ``%%``) on the psycopg ``connection``
+    through libpq (``libpq.DirectStatements``): its first row, values as text. It is
+    prepared the first time it runs on a connection that prepares its statements
+    (``prepared.prepare_where_direct`` set psycopg's ``prepare_threshold``). Raises
+    psycopg's errors; its ``OperationalError`` for a closed connection (``None``)."""
+    if connection is None:
+        from psycopg import OperationalError
+
+        raise OperationalError("the connection is closed")
     direct = _direct.get(connection)
     if direct is None:
         from djlocks.backends.libpq import DirectStatements  # psycopg, not psycopg2: checked
@@ -313,6 +319,8 @@ LEASE = LeaseDialect(
     listening=lambda session: f"LISTEN {waiter_channel(session)}",
     read_notices=read_notices,
     idle_limit=lambda seconds: f"SET idle_session_timeout = {seconds * 1000}",
+    # run_at_once reads moments as text: in the format Django's parse_datetime reads.
+    session_setup=("SET DateStyle TO ISO",),
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
     run_at_once=run_at_once,
