@@ -83,8 +83,8 @@ class DirectStatements:
         when the server reports an error, ``psycopg.OperationalError`` when the
         connection is closed or fails, ``psycopg.ProgrammingError`` if ``sql`` returned
         no row. Wrap the call in Django's ``wrap_database_errors`` to have Django's
-        exceptions. Anything raised while it waits (Ctrl-C) leaves the statement
-        running: close the connection then.
+        exceptions. Anything raised while it waits (Ctrl-C) first cancels the
+        statement and waits for its end (``_cancel``), then goes on.
         """
         result = self._result(sql, params)
         if not result.ntuples:
