@@ -26,7 +26,9 @@ import logging
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 from contextlib import closing
+from typing import Any
 
 from django.db import DatabaseError, Error
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -130,12 +132,17 @@ class LeaseQueue(LeaseClaims):
                     pause = min(pause, max(self._waking_session_due() - now, 0.0))
                 if sleeper is not None:
                     sleeper = self._rename_sleeper(ticket, sleeper)
-                aborted, notice = self._pause(
+                aborted, notice, handed_unread = self._pause(
                     pause, ticket, abort, listening, heir_token, woken_here
                 )
                 if aborted:
                     return None
-                if notice is not None and time.monotonic() - queued_at < request.ttl / 3:
+                if handed_unread:  # most likely handed: read that grant alone
+                    grant = self._run(lambda db: self._handed_grant(db, request, heir_token))
+                    if grant is not None:
+                        handed = True
+                        return grant
+                elif notice is not None and time.monotonic() - queued_at < request.ttl / 3:
                     handed = True  # read from the notice: no round trip
                     return GrantRecord(
                         heir_token, notice.slot, notice.fence, notice.expires_at, None, queued_at
@@ -246,15 +253,17 @@ class LeaseQueue(LeaseClaims):
         listening: bool,
         heir_token: str,
         woken_here: socket.socket | None,
-    ) -> tuple[bool, HandedOver | None]:
+    ) -> tuple[bool, HandedOver | None, bool]:
         """Sleep up to ``seconds``, less if a release notifies this waiter's ``ticket``
         on its listening session (a slot of the name freed, or handed to this waiter),
         or hands this waiter a slot with ``heir_token`` where that wakes it
         (``LeaseDialect.waking``), or sends a wake-up to ``woken_here``
-        (``lease.wakeups``). Returns whether it was aborted, and the slot that a
-        hand-over's notice says was handed to this waiter, if one did."""
+        (``lease.wakeups``). Returns whether it was aborted; the slot that a
+        hand-over's notice says was handed to this waiter, if one did; and whether a
+        hand-over woke it without saying what it handed (``LeaseDialect.waking``)."""
         if self.dialect.waking is not None:
-            return self._sleep_in_the_server(seconds, abort, heir_token), None
+            aborted, woken = self._sleep_in_the_server(seconds, abort, heir_token)
+            return aborted, None, woken
         if woken_here is not None:
             end = time.monotonic() + seconds
             while (left := end - time.monotonic()) > 0 and not (abort and abort.is_set()):
@@ -262,7 +271,7 @@ class LeaseQueue(LeaseClaims):
                     woken_here, left if abort is None else min(left, NOTIFIED_POLL)
                 ):
                     break
-            return abort is not None and abort.is_set(), None
+            return abort is not None and abort.is_set(), None, False
         if listening:
             end = time.monotonic() + seconds
             try:
@@ -273,22 +282,25 @@ class LeaseQueue(LeaseClaims):
                     mine = [notice[1] for notice in notices if notice and notice[0] == ticket]
                     if mine:  # not a past wait's
                         handed = [h for h in mine if h is not None and h.token == heir_token]
-                        return abort is not None and abort.is_set(), next(iter(handed), None)
+                        return abort is not None and abort.is_set(), next(iter(handed), None), False
             except Exception:
                 acquire_log.warning("listening for releases failed", exc_info=True)
                 self._listeners.discard()
-            return abort is not None and abort.is_set(), None
+            return abort is not None and abort.is_set(), None, False
         if abort is not None:
-            return abort.wait(seconds), None
+            return abort.wait(seconds), None, False
         time.sleep(seconds)
-        return False, None
+        return False, None, False
 
-    def _sleep_in_the_server(self, seconds: float, abort: Abort | None, heir_token: str) -> bool:
+    def _sleep_in_the_server(
+        self, seconds: float, abort: Abort | None, heir_token: str
+    ) -> tuple[bool, bool]:
         """Sleep on this thread's sleeping session, the one the waiter's queue row names
         (``_sleeper``), until a hand-over wakes it or ``seconds`` pass; with an
         ``abort``, in slices of ``NOTIFIED_POLL`` seconds, so that an abort is seen as
         soon. A session that fails is replaced at the next sleep, and this one is
-        slept locally. True if aborted."""
+        slept locally. Returns whether it was aborted, and whether a hand-over woke it
+        (or had already handed this waiter a slot)."""
         waking, session_id = self.dialect.waking, self.dialect.session_id
         assert waking is not None and session_id is not None
         end = time.monotonic() + seconds
@@ -301,14 +313,14 @@ class LeaseQueue(LeaseClaims):
                     woken = waking(cursor, SLOTS, heir_token, lease_session, nap)
                 self._waking_session_ran()
                 if woken:
-                    break
+                    return abort is not None and abort.is_set(), True
             except DatabaseError:
                 acquire_log.warning("sleeping in the server failed", exc_info=True)
                 self._listeners.discard()
                 if abort is not None:
-                    return abort.wait(left)
+                    return abort.wait(left), False
                 time.sleep(left)
-        return abort is not None and abort.is_set()
+        return abort is not None and abort.is_set(), False
 
     def _catch_up(self) -> None:
         """Before a wait, make sure that this thread's waking session is live and will
@@ -433,15 +445,24 @@ class LeaseQueue(LeaseClaims):
                 f"ON s.token = %s AND s.expires_at > {now}",
                 (key, ticket, heir_token),
             )
-            ahead, slot, fence, expires_at, left = cursor.fetchone()
-        if slot is None:
+            ahead, *handed = cursor.fetchone()
+        if handed[0] is None:
             return int(ahead), None
-        # The lease began when it was handed over, ``ttl - left`` seconds ago by the
-        # store's clock: the holder's belief counts from that long before ``sent``.
-        began = sent - max(0.0, request.ttl - float(left))
-        return 0, GrantRecord(
-            heir_token, int(slot), int(fence), as_datetime(expires_at), None, began
-        )
+        return 0, _handed_record(request, heir_token, sent, handed)
+
+    def _handed_grant(
+        self, db: BaseDatabaseWrapper, request: AcquireRequest, heir_token: str
+    ) -> GrantRecord | None:
+        """The grant a release handed over with ``heir_token``, if one did: one look-up
+        by the token's unique index, for a waiter that a hand-over woke."""
+        sent = time.monotonic()
+        handed = self._outcome(
+            db,
+            f"SELECT slot, fence, expires_at, {self.dialect.seconds_until.format('expires_at')} "
+            f"FROM {SLOTS} WHERE token = %s AND expires_at > {self.dialect.now}",
+            (heir_token,),
+        )[0]
+        return None if handed is None else _handed_record(request, heir_token, sent, handed)
 
     def _refresh_waiter(self, db: BaseDatabaseWrapper, ticket: int, waiter_ttl: float) -> None:
         self._execute(
@@ -449,3 +470,15 @@ class LeaseQueue(LeaseClaims):
             f"UPDATE {WAITERS} SET expires_at = {self.dialect.plus_seconds} WHERE id = %s",
             (self.dialect.seconds_param(waiter_ttl), ticket),
         )
+
+
+def _handed_record(
+    request: AcquireRequest, heir_token: str, sent: float, handed: Sequence[Any]
+) -> GrantRecord:
+    """The grant of the slot handed over with ``heir_token``, from its row (slot, fence,
+    expiry, seconds left by the store's clock) read by a statement sent at ``sent``
+    (monotonic). The lease began when it was handed over, ``ttl - left`` seconds ago by
+    the store's clock: the holder's belief counts from that long before ``sent``."""
+    slot, fence, expires_at, left = handed
+    began = sent - max(0.0, request.ttl - float(left))
+    return GrantRecord(heir_token, int(slot), int(fence), as_datetime(expires_at), None, began)

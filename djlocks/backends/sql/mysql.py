@@ -100,11 +100,14 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
     ``KILL QUERY`` (``lease_sleep_until_handed``), or ``None`` if nobody was handed
     the slot.
 
-    The name's slot rows are locked first, in slot order; the heir's queue row is
-    read with a locking read, so a waiter that leaves the queue meanwhile is either
-    handed the slot (and passes it on) or not considered.
+    The name's slot rows are locked first, in slot order, by the statement that finds
+    the name from the token, reads the name's highest fence and checks, under those
+    locks, that the grant is still live; the heir's queue row is read with a locking
+    read, so a waiter that leaves the queue meanwhile is either handed the slot (and
+    passes it on) or not considered.
     """
     now = "UTC_TIMESTAMP(6)"
+    mine = f"token = %(token)s AND expires_at > {now}"
     heir = [f"@djlocks_heir_{column}" for column in HEIR]
     handed = "@djlocks_heir_id IS NOT NULL"
     kept = ", ".join(
@@ -113,15 +116,12 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
     )
     try:
         cursor.execute(
-            f"SET {', '.join(f'{variable} = NULL' for variable in heir)}, "
-            f"@djlocks_key = NULL, @djlocks_limit = NULL, @djlocks_mine = 0; "
+            f"SET {', '.join(f'{variable} = NULL' for variable in heir)}; "
             f"START TRANSACTION; "
-            f"SELECT name_key, slot_limit INTO @djlocks_key, @djlocks_limit FROM {slots} "
-            f"WHERE token = %(token)s AND expires_at > {now}; "
-            f"SELECT MAX(fence) INTO @djlocks_top FROM {slots} "
-            f"WHERE name_key = @djlocks_key FOR UPDATE; "
-            f"SELECT COUNT(*) INTO @djlocks_mine FROM {slots} "
-            f"WHERE token = %(token)s AND expires_at > {now}; "
+            f"SELECT MAX(name_key), MAX(IF({mine}, slot_limit, NULL)), MAX(fence), "
+            f"COALESCE(SUM({mine}), 0) "
+            f"INTO @djlocks_key, @djlocks_limit, @djlocks_top, @djlocks_mine FROM {slots} "
+            f"WHERE name_key = (SELECT name_key FROM {slots} WHERE {mine}) FOR UPDATE; "
             f"SELECT {', '.join(HEIR)} INTO {', '.join(heir)} FROM {waiters} "
             f"WHERE name_key = @djlocks_key AND expires_at > {now} "
             f"ORDER BY id LIMIT 1 FOR UPDATE; "
