@@ -63,10 +63,10 @@ class LockOptions(TypedDict, total=False):
 
 def _holder_key() -> tuple[int, int]:
     """Grants are held per thread and, within a thread, per asyncio task."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
+    # The running loop, or None: not get_running_loop(), which raises without one
+    # (what a lock taken outside asyncio would pay at every acquire and release).
+    loop = asyncio.events._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
     return threading.get_ident(), id(task)
 
 

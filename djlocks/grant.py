@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import connections
-from django.utils import timezone
 
 from djlocks import metrics
 from djlocks.backends.base import GrantRecord, LockBackend
@@ -82,7 +83,7 @@ class Grant:
         self.expires_at: datetime | None = record.expires_at
         self.ttl = ttl
         self.identity = identity
-        self.acquired_at = timezone.now()
+        self._granted_wall = time.time()  # wall clock ok: ``acquired_at`` shows it
         self.granted = time.monotonic()
         self.waited = self.granted - acquire_started  # seconds, for the history
         self._on_lost = on_lost
@@ -107,6 +108,13 @@ class Grant:
         #: Where the metrics counted the grant (``djlocks.metrics``), until its end is
         #: counted too.
         self.measured_as: object = None
+
+    @functools.cached_property
+    def acquired_at(self) -> datetime:
+        """When the grant was made, by this host's wall clock: aware (UTC) under
+        ``USE_TZ``, else naive local time, as ``django.utils.timezone.now()`` gives it.
+        Made when first asked for (the event history), not on the way to the holder."""
+        return datetime.fromtimestamp(self._granted_wall, UTC if settings.USE_TZ else None)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"

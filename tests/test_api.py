@@ -1,11 +1,14 @@
-"""The public API's forms: exports, the decorator's on_busy, aacquire()/arelease()."""
+"""The public API's forms: exports, on_busy, aacquire()/arelease(), a grant's date."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import time
+from typing import Any
 
 import pytest
+from django.utils import timezone
 
 import djlocks
 from djlocks import Lock, NotAcquired, NotHeld, Semaphore, db_lock, db_semaphore
@@ -85,3 +88,18 @@ def test_aacquire_and_arelease_without_async_with() -> None:
     assert asyncio.run(scenario()) == (True, False, True)
     with pytest.raises(NotHeld):
         asyncio.run(lock.arelease())
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_a_grant_is_dated_when_it_was_made_as_timezone_now_dates(
+    settings: Any, use_tz: bool
+) -> None:
+    """``acquired_at`` (the history's date of the grant) is the moment of the grant, read
+    when first asked for: aware under ``USE_TZ``, naive local time without it."""
+    settings.USE_TZ = use_tz
+    before = timezone.now()
+    with db_lock("api:dated", timeout=10) as grant:
+        after = timezone.now()
+        time.sleep(0.05)
+    assert (grant.acquired_at.tzinfo is not None) is use_tz
+    assert before <= grant.acquired_at <= after

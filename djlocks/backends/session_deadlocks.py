@@ -26,6 +26,7 @@ Semaphore gates and slots are not followed (a gate's holder has no holder row).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import os
@@ -43,6 +44,7 @@ Owner = tuple[str, int, int]  # host, pid, thread id (``threading.get_native_id`
 _TID = re.compile(r"\(tid (\d+)\)$")
 
 
+@functools.lru_cache(maxsize=1024)  # a few threads' descriptions, asked at every wait
 def owner_of(host: str, pid: int, thread: str) -> Owner | None:
     """The owner of a holder row (its ``thread`` ends in ``(tid N)``, see ``Identity``)."""
     found = _TID.search(thread)

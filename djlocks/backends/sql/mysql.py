@@ -89,7 +89,7 @@ def lease_enqueue(
 
 
 #: The heir a hand-over release chose, in the batch's user variables.
-HEIR = ("id", "token", "ttl", "host", "pid", "thread", "label", "connection_id", "slot_limit")
+HEIR = ("id", "token", "ttl", "host", "pid", "thread", "label", "connection_id")
 
 
 def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, int | None]:
@@ -109,6 +109,12 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
     now = "UTC_TIMESTAMP(6)"
     mine = f"token = %(token)s AND expires_at > {now}"
     heir = [f"@djlocks_heir_{column}" for column in HEIR]
+    # The head of the queue is the heir only if the grant was still live under the locks
+    # and the head queued with a token and with the name's limit: else no heir's id.
+    chosen = [
+        "IF(@djlocks_mine = 1 AND token IS NOT NULL AND slot_limit = @djlocks_limit, id, NULL)",
+        *HEIR[1:],
+    ]
     handed = "@djlocks_heir_id IS NOT NULL"
     kept = ", ".join(
         f"{column} = IF({handed}, @djlocks_heir_{column}, {column})"
@@ -122,11 +128,9 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
             f"COALESCE(SUM({mine}), 0) "
             f"INTO @djlocks_key, @djlocks_limit, @djlocks_top, @djlocks_mine FROM {slots} "
             f"WHERE name_key = (SELECT name_key FROM {slots} WHERE {mine}) FOR UPDATE; "
-            f"SELECT {', '.join(HEIR)} INTO {', '.join(heir)} FROM {waiters} "
+            f"SELECT {', '.join(chosen)} INTO {', '.join(heir)} FROM {waiters} "
             f"WHERE name_key = @djlocks_key AND expires_at > {now} "
             f"ORDER BY id LIMIT 1 FOR UPDATE; "
-            f"SET @djlocks_heir_id = IF(@djlocks_mine = 1 AND @djlocks_heir_token IS NOT NULL "
-            f"AND @djlocks_heir_slot_limit = @djlocks_limit, @djlocks_heir_id, NULL); "
             f"DELETE FROM {waiters} WHERE id = @djlocks_heir_id; "
             f"UPDATE {slots} SET "
             f"fence = IF({handed}, @djlocks_top + 1, fence), "
