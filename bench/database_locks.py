@@ -6,7 +6,9 @@ as their users write them: raw ``GET_LOCK`` and django-mysql's ``Lock`` on
 MySQL/MariaDB, raw ``pg_advisory_lock`` and django-pglock's ``advisory`` on
 PostgreSQL, django-db-mutex everywhere (it never waits, so its users retry:
 every 2 ms here). One more is a floor, not a peer: the raw primitive plus one
-durable upsert, the least a fence that survives a crash costs.
+durable upsert, the least a fence that survives a crash costs; another is the raw
+primitive with a sequence's next value in the same statement, the least a fence
+issued by the server with the grant costs.
 ``bench/uncontended.py`` measures the same contenders alone.
 
 * Contended lock: 8 processes x 200 iterations of acquire -> read a counter
@@ -58,6 +60,12 @@ FENCED = {
     "mysql": "floor: raw GET_LOCK + one durable fence upsert",
     "postgresql": "floor: raw pg_advisory_lock + one durable fence upsert",
 }
+#: The least a lock whose grant carries a fence from the server costs: the raw lock and a
+#: sequence's next value in one statement, as djlocks' session backends issue theirs.
+FENCED_IN_STATEMENT = {
+    "mysql": "floor: raw GET_LOCK with NEXTVAL() in the statement",
+    "postgresql": "floor: raw pg_advisory_lock with nextval() in the statement",
+}
 PEER = {"mysql": "django-mysql Lock", "postgresql": "django-pglock advisory"}
 DB_MUTEX = "django-db-mutex (retried every 2 ms)"
 SLOTS = {
@@ -74,7 +82,8 @@ def contenders() -> list[str]:
     """Every lock contender on this database, djlocks first."""
     labels = djlocks_labels()
     if connection.vendor in RAW:
-        labels += [RAW[connection.vendor], FENCED[connection.vendor], PEER[connection.vendor]]
+        vendor = connection.vendor
+        labels += [RAW[vendor], FENCED_IN_STATEMENT[vendor], FENCED[vendor], PEER[vendor]]
     return [*labels, DB_MUTEX]
 
 
@@ -140,6 +149,8 @@ def locking(contender: str, limit: int = 1, name: str = NAME) -> Handle:
         return slot_poller(name, limit)
     if contender == FENCED.get(connection.vendor):
         return fenced_raw(name)
+    if contender == FENCED_IN_STATEMENT.get(connection.vendor):
+        return fenced_in_statement(name)
     if contender == RAW.get(connection.vendor):
         cursor = own_cursor()  # the driver's own cursor: no Django in the loop
         if connection.vendor == "mysql":
@@ -172,7 +183,7 @@ def fenced_raw(name: str) -> Handle:
     crash pays per grant on this server, whatever its design.
     """
     cursor = own_cursor()
-    cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
+    create_fence_objects(cursor)
     if connection.vendor == "mysql":
         take, give = "SELECT GET_LOCK(%s, 600)", "SELECT RELEASE_LOCK(%s)"
         bump = "INSERT INTO bench_fence VALUES (1, 1) ON DUPLICATE KEY UPDATE value = value + 1"
@@ -192,6 +203,38 @@ def fenced_raw(name: str) -> Handle:
     return acquire, lambda: cursor.execute(give, (key,))
 
 
+def create_fence_objects(cursor: Any) -> None:
+    """The floors' fence row table and sequence, unless they exist. The contended runs
+    have them made once beforehand (``reset_counter``): several processes creating
+    one at the same moment can collide in the catalogue."""
+    cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
+    if connection.vendor in ("postgresql", "mysql"):
+        cursor.execute("CREATE SEQUENCE IF NOT EXISTS bench_fence_seq")
+
+
+def fenced_in_statement(name: str) -> Handle:
+    """The raw primitive with a fence from a server sequence in the same statement.
+
+    Not a peer but a floor: what a lock that hands each grant a fence issued by
+    the server pays, with no round trip and no write of its own for it (a
+    sequence), whatever the library around it does.
+    """
+    cursor = own_cursor()
+    create_fence_objects(cursor)
+    if connection.vendor == "mysql":
+        take = "SELECT CASE GET_LOCK(%s, 600) WHEN 1 THEN NEXTVAL(bench_fence_seq) END"
+        give = "SELECT RELEASE_LOCK(%s)"
+        key: object = name
+    else:
+        take = "SELECT pg_advisory_lock(%s), nextval('bench_fence_seq')"
+        give = "SELECT pg_advisory_unlock(%s)"
+        key = zlib.crc32(name.encode())
+    return (
+        lambda: cursor.execute(take, (key,)),
+        lambda: cursor.execute(give, (key,)),
+    )
+
+
 #: A floor for the lease backend (not a lock): what two durable single-row writes cost.
 TWO_UPSERTS = "floor: two single-row autocommit upserts"
 
@@ -200,7 +243,7 @@ def two_upserts() -> Handle:
     """Two autocommit upserts of one row, the least a lease's acquire (one write) and
     release (another) can cost when both must survive a crash."""
     cursor = own_cursor()
-    cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
+    create_fence_objects(cursor)
     if connection.vendor == "mysql":
         upsert = "INSERT INTO bench_fence VALUES (2, 1) ON DUPLICATE KEY UPDATE value = value + 1"
     else:
@@ -278,6 +321,7 @@ def counter(contender: str) -> tuple[Callable[[], int], Callable[[int], object]]
 
 def reset_counter() -> None:
     with connection.cursor() as cursor:
+        create_fence_objects(cursor)
         cursor.execute(
             f"CREATE TABLE IF NOT EXISTS {COUNTER_TABLE} (id INTEGER PRIMARY KEY, value BIGINT)"
         )
