@@ -111,10 +111,15 @@ class Crew:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if exc_info[0] is not None:  # a worker failed, or an interruption: the others may
+            for process in self.workers:  # wait at the start line for good
+                process.terminate()
         for orders in self.orders:
             orders.put(None)
         for process in self.workers:
             process.join(60)
+            if process.is_alive():
+                process.terminate()
 
     def run(self, workload: Workload, reset: Any, final_count: Any) -> dict[str, Any]:
         """Run ``workload``; ``reset()`` zeroes the counter first, ``final_count()`` reads
