@@ -61,7 +61,8 @@ FENCED = {
     "postgresql": "floor: raw pg_advisory_lock + one durable fence upsert",
 }
 #: The least a lock whose grant carries a fence from the server costs: the raw lock and a
-#: sequence's next value in one statement, as djlocks' session backends issue theirs.
+#: sequence's next value in one statement, as djlocks' session backends issue theirs
+#: (where the database has sequences: not MySQL).
 FENCED_IN_STATEMENT = {
     "mysql": "floor: raw GET_LOCK with NEXTVAL() in the statement",
     "postgresql": "floor: raw pg_advisory_lock with nextval() in the statement",
@@ -83,7 +84,8 @@ def contenders() -> list[str]:
     labels = djlocks_labels()
     if connection.vendor in RAW:
         vendor = connection.vendor
-        labels += [RAW[vendor], FENCED_IN_STATEMENT[vendor], FENCED[vendor], PEER[vendor]]
+        fenced = [FENCED_IN_STATEMENT[vendor]] if has_sequences() else []
+        labels += [RAW[vendor], *fenced, FENCED[vendor], PEER[vendor]]
     return [*labels, DB_MUTEX]
 
 
@@ -208,8 +210,15 @@ def create_fence_objects(cursor: Any) -> None:
     have them made once beforehand (``reset_counter``): several processes creating
     one at the same moment can collide in the catalogue."""
     cursor.execute("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, value BIGINT)")
-    if connection.vendor in ("postgresql", "mysql"):
+    if has_sequences():
         cursor.execute("CREATE SEQUENCE IF NOT EXISTS bench_fence_seq")
+
+
+def has_sequences() -> bool:
+    """Whether the database has sequences: PostgreSQL and MariaDB; MySQL has none."""
+    return connection.vendor == "postgresql" or (
+        connection.vendor == "mysql" and connection.mysql_is_mariadb
+    )
 
 
 def fenced_in_statement(name: str) -> Handle:

@@ -59,8 +59,8 @@ class Grant:
     the name; pass it to the protected resource (see ``djlocks.fencing``).
     ``expires_at`` is the lease's expiry (an aware ``datetime``, refreshed by
     each renewal) or ``None`` for grants that end with a session or transaction.
-    ``acquired_at`` (aware ``datetime``) and ``waited`` (seconds spent in
-    acquire) describe the grant in the event history.
+    ``acquired_at`` (a ``datetime``, aware under ``USE_TZ``) and ``waited`` (seconds
+    spent in acquire) describe the grant in the event history.
     """
 
     def __init__(
@@ -83,7 +83,9 @@ class Grant:
         self.expires_at: datetime | None = record.expires_at
         self.ttl = ttl
         self.identity = identity
-        self._granted_wall = time.time()  # wall clock ok: ``acquired_at`` shows it
+        # Wall clock ok: ``acquired_at`` shows it, in the time zone setting of now.
+        self._granted_wall = time.time()
+        self._granted_aware = settings.USE_TZ
         self.granted = time.monotonic()
         self.waited = self.granted - acquire_started  # seconds, for the history
         self._on_lost = on_lost
@@ -111,10 +113,11 @@ class Grant:
 
     @functools.cached_property
     def acquired_at(self) -> datetime:
-        """When the grant was made, by this host's wall clock: aware (UTC) under
-        ``USE_TZ``, else naive local time, as ``django.utils.timezone.now()`` gives it.
-        Made when first asked for (the event history), not on the way to the holder."""
-        return datetime.fromtimestamp(self._granted_wall, UTC if settings.USE_TZ else None)
+        """When the grant was made, by this host's wall clock, as
+        ``django.utils.timezone.now()`` gave it then: aware (UTC) under ``USE_TZ``, else
+        naive local time. The clock is read at the grant; the ``datetime`` is built when
+        first asked for (the event history), not on the way to the holder."""
+        return datetime.fromtimestamp(self._granted_wall, UTC if self._granted_aware else None)
 
     def __repr__(self) -> str:
         state = "lost" if self._lost_reason else "released" if self._released else "held"

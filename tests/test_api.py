@@ -12,6 +12,7 @@ from django.utils import timezone
 
 import djlocks
 from djlocks import Lock, NotAcquired, NotHeld, Semaphore, db_lock, db_semaphore
+from djlocks.testing import use_locmem_backends
 
 pytestmark = pytest.mark.usefixtures("store")
 
@@ -94,12 +95,15 @@ def test_aacquire_and_arelease_without_async_with() -> None:
 def test_a_grant_is_dated_when_it_was_made_as_timezone_now_dates(
     settings: Any, use_tz: bool
 ) -> None:
-    """``acquired_at`` (the history's date of the grant) is the moment of the grant, read
-    when first asked for: aware under ``USE_TZ``, naive local time without it."""
+    """``acquired_at`` (the history's date of the grant) is the moment of the grant, though
+    built when first asked for: aware under the ``USE_TZ`` of then, naive local time
+    without it. (On the in-memory backend: no database connection has to follow the
+    setting.)"""
     settings.USE_TZ = use_tz
     before = timezone.now()
-    with db_lock("api:dated", timeout=10) as grant:
+    with use_locmem_backends(), db_lock("api:dated", timeout=10) as grant:
         after = timezone.now()
         time.sleep(0.05)
+    settings.USE_TZ = not use_tz  # what the grant's date follows is the setting at the grant
     assert (grant.acquired_at.tzinfo is not None) is use_tz
     assert before <= grant.acquired_at <= after

@@ -44,6 +44,7 @@ def test_a_woken_heir_reads_its_grant_by_its_token_alone(monkeypatch: pytest.Mon
         released = time.monotonic()
         holder.release()
         heir.join(10)
+        assert not heir.is_alive(), "polls are 30 s apart: KILL QUERY never woke the heir"
         (grant,) = granted
         assert grant is not None
         assert time.monotonic() - released < 5, "polls are 30 s apart: KILL QUERY woke the heir"

@@ -100,20 +100,24 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
     ``KILL QUERY`` (``lease_sleep_until_handed``), or ``None`` if nobody was handed
     the slot.
 
-    The name's slot rows are locked first, in slot order, by the statement that finds
-    the name from the token, reads the name's highest fence and checks, under those
-    locks, that the grant is still live; the heir's queue row is read with a locking
-    read, so a waiter that leaves the queue meanwhile is either handed the slot (and
-    passes it on) or not considered.
+    The batch reads the clock once, as PostgreSQL's one statement does, so that the
+    grant's liveness is judged alike before and after its waits for locks. The name
+    is found from the token (a plain read); its slot rows are then locked in slot
+    order, as claims lock them, by the statement that reads the name's highest fence
+    and checks that the grant is still the releaser's; the heir's queue row is read
+    with a locking read, so a waiter that leaves the queue meanwhile is either handed
+    the slot (and passes it on) or not considered.
     """
-    now = "UTC_TIMESTAMP(6)"
+    now = "@djlocks_now"
     mine = f"token = %(token)s AND expires_at > {now}"
     heir = [f"@djlocks_heir_{column}" for column in HEIR]
-    # The head of the queue is the heir only if the grant was still live under the locks
-    # and the head queued with a token and with the name's limit: else no heir's id.
+    # The head of the queue is the heir only if the grant was still the releaser's under
+    # the locks and the head queued with a token and with the name's limit.
     chosen = [
-        "IF(@djlocks_mine = 1 AND token IS NOT NULL AND slot_limit = @djlocks_limit, id, NULL)",
-        *HEIR[1:],
+        "IF(@djlocks_mine = 1 AND token IS NOT NULL AND slot_limit = @djlocks_limit, id, NULL)"
+        if column == "id"
+        else column
+        for column in HEIR
     ]
     handed = "@djlocks_heir_id IS NOT NULL"
     kept = ", ".join(
@@ -122,12 +126,13 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
     )
     try:
         cursor.execute(
-            f"SET {', '.join(f'{variable} = NULL' for variable in heir)}; "
+            f"SET {', '.join(f'{variable} = NULL' for variable in heir)}, "
+            f"{now} = UTC_TIMESTAMP(6); "
             f"START TRANSACTION; "
-            f"SELECT MAX(name_key), MAX(IF({mine}, slot_limit, NULL)), MAX(fence), "
-            f"COALESCE(SUM({mine}), 0) "
-            f"INTO @djlocks_key, @djlocks_limit, @djlocks_top, @djlocks_mine FROM {slots} "
-            f"WHERE name_key = (SELECT name_key FROM {slots} WHERE {mine}) FOR UPDATE; "
+            f"SELECT MAX(name_key) INTO @djlocks_key FROM {slots} WHERE {mine}; "
+            f"SELECT MAX(IF({mine}, slot_limit, NULL)), MAX(fence), COALESCE(SUM({mine}), 0) "
+            f"INTO @djlocks_limit, @djlocks_top, @djlocks_mine FROM {slots} "
+            f"WHERE name_key = @djlocks_key FOR UPDATE; "
             f"SELECT {', '.join(chosen)} INTO {', '.join(heir)} FROM {waiters} "
             f"WHERE name_key = @djlocks_key AND expires_at > {now} "
             f"ORDER BY id LIMIT 1 FOR UPDATE; "
