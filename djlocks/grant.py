@@ -83,8 +83,8 @@ class Grant:
         self.expires_at: datetime | None = record.expires_at
         self.ttl = ttl
         self.identity = identity
-        # Wall clock ok: ``acquired_at`` shows it, in the time zone setting of now.
-        self._granted_wall = time.time()
+        # ``acquired_at`` shows the grant's moment by the wall clock, as USE_TZ is now.
+        self._granted_wall = time.time()  # wall clock ok
         self._granted_aware = settings.USE_TZ
         self.granted = time.monotonic()
         self.waited = self.granted - acquire_started  # seconds, for the history

@@ -439,8 +439,7 @@ class LeaseQueue(LeaseClaims):
             sent = time.monotonic()
             cursor.execute(
                 f"SELECT (SELECT COUNT(*) FROM {WAITERS} WHERE name_key = %s "
-                f"AND expires_at > {now} AND id < %s), s.slot, s.fence, s.expires_at, "
-                f"{self.dialect.seconds_until.format('s.expires_at')} "
+                f"AND expires_at > {now} AND id < %s), {self._handed_columns('s.')} "
                 f"FROM (SELECT 1) AS one LEFT JOIN {SLOTS} s "
                 f"ON s.token = %s AND s.expires_at > {now}",
                 (key, ticket, heir_token),
@@ -458,11 +457,17 @@ class LeaseQueue(LeaseClaims):
         sent = time.monotonic()
         handed = self._outcome(
             db,
-            f"SELECT slot, fence, expires_at, {self.dialect.seconds_until.format('expires_at')} "
+            f"SELECT {self._handed_columns()} "
             f"FROM {SLOTS} WHERE token = %s AND expires_at > {self.dialect.now}",
             (heir_token,),
         )[0]
         return None if handed is None else _handed_record(request, heir_token, sent, handed)
+
+    def _handed_columns(self, table: str = "") -> str:
+        """The columns of a handed slot that ``_handed_record`` reads, in its order, of the
+        slot table named ``table`` (with its dot; none: the only one)."""
+        left = self.dialect.seconds_until.format(f"{table}expires_at")
+        return f"{table}slot, {table}fence, {table}expires_at, {left}"
 
     def _refresh_waiter(self, db: BaseDatabaseWrapper, ticket: int, waiter_ttl: float) -> None:
         self._execute(
