@@ -26,7 +26,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -77,9 +77,7 @@ class LeaseQueue(LeaseClaims):
         # its lease counts from, began after this moment: the heir's belief in a
         # lease that a notice hands over counts from here.
         queued_at = time.monotonic()
-        ticket, counted = self._run(
-            lambda db: self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
-        )
+        ticket, counted = self._run(self._enqueuing(request, key, waiter_ttl, heir_token, sleeper))
         ahead: int | None = counted  # None: to be counted again
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         # PostgreSQL: the waiter's listening session, named in its queue row, hears the
@@ -385,6 +383,35 @@ class LeaseQueue(LeaseClaims):
         except DatabaseError:
             self._listeners.discard()
             return None
+
+    def _enqueuing(
+        self,
+        request: AcquireRequest,
+        key: str,
+        waiter_ttl: float,
+        heir_token: str,
+        sleeper: int | None,
+    ) -> Callable[[BaseDatabaseWrapper], tuple[int, int]]:
+        """``_enqueue`` as an operation for ``_run``, which tries it once more on a new
+        connection when the first one failed. That first try may have written its row
+        before its reply was lost: the retry deletes it (by the waiter's token) before
+        it writes its own, so the waiter never stands in the queue twice. A second row
+        would be counted ahead of the waiters behind it until ``WAITER_TTL``, and a
+        hand-over could give it a slot under the token that already holds one."""
+        tries = 0
+
+        def enqueue(db: BaseDatabaseWrapper) -> tuple[int, int]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                self._execute(
+                    db,
+                    f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s",
+                    (key, heir_token),
+                )
+            return self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+
+        return enqueue
 
     def _enqueue(
         self,

@@ -1,0 +1,67 @@
+"""A lease waiter whose enqueue was applied but whose reply was lost stands in the queue
+once: the retried enqueue, on a new connection, takes the place of the first row."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import connection
+
+from djlocks import Lock
+from djlocks.models import LeaseWaiter
+from tests.workers import CONTEXT, proxied_worker, wait_in_line
+
+pytestmark = [
+    pytest.mark.skipif(
+        connection.vendor == "sqlite",
+        reason="not applicable: an SQLite store has no network to lose a reply on",
+    ),
+    pytest.mark.usefixtures("store"),
+    pytest.mark.timeout(120),
+]
+
+
+def queue_of(name: str) -> list[tuple[int, str | None]]:
+    """The waiter rows of ``name``, live or not: (ticket, token), in queue order."""
+    return list(LeaseWaiter.objects.filter(name=name).order_by("id").values_list("id", "token"))
+
+
+def rows_until(name: str, found: object, what: str) -> list[tuple[int, str | None]]:
+    """``queue_of(name)`` once ``found`` (a function of it) is true, within 30 s."""
+    deadline = time.monotonic() + 30
+    while not found(queued := queue_of(name)):  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what}: the queue is {queued}"
+        time.sleep(0.05)
+    return queued
+
+
+@pytest.mark.catalogue("lost-acquire-reply", backend="default")
+def test_a_lost_enqueue_reply_leaves_the_waiter_queued_once() -> None:
+    name = "l:lost-enqueue"
+    report = CONTEXT.Queue()
+    holder = Lock(name, ttl=30)
+    held = holder.acquire_grant()
+    assert held is not None
+    released = False
+    try:
+        with proxied_worker("default", wait_in_line, name, "waiter", report) as (proxy, waiter):
+            proxy.drop_replies_from = b"INSERT INTO djlocks_lease_waiter"
+            assert proxy.dropping.wait(30), "the waiter never sent its enqueue"
+            (first,) = rows_until(name, bool, "the server never applied the lost enqueue")
+            time.sleep(0.5)  # the server's reply, sent as it committed, is swallowed
+            proxy.heal()  # before the cut: the waiter's new connection goes through
+            proxy.cut()  # the reply never comes: the waiter's connection fails
+            queued = rows_until(
+                name, lambda rows: any(row != first for row in rows), "no retried enqueue"
+            )
+            assert [token for _, token in queued] == [first[1]], "the waiter is queued twice"
+            holder.release()
+            released = True
+            assert report.get(timeout=30) == ("waiter", held.fence + 1)
+            waiter.join(30)  # released
+            assert waiter.exitcode == 0
+            assert queue_of(name) == [], "the waiter left a row behind"
+    finally:
+        if not released:
+            holder.release()
