@@ -7,6 +7,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 from django.db import DatabaseError, connection
 
@@ -71,6 +72,27 @@ def test_an_error_has_its_sqlstate_and_leaves_the_session_usable(
             assert direct.value("SELECT %s::int + 1", (1,)) == "2"
         finally:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
+
+
+def test_an_error_carries_the_server_diagnostics_as_a_cursors_does(
+    direct: DirectStatements,
+) -> None:
+    """What the server said beside the message (here a ``RAISE``'s detail and hint, and
+    a SQLSTATE psycopg has no class for) reaches the caller in the error's ``diag``."""
+    raising = (
+        "DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'DJ001', "
+        "DETAIL = 'the detail', HINT = 'the hint'; END $$"
+    )
+    with pytest.raises(DatabaseError) as raised, connection.wrap_database_errors:
+        direct.outcome(raising, ())
+    with pytest.raises(DatabaseError) as by_cursor, connection.cursor() as cursor:
+        cursor.execute(raising)
+    for error in (raised.value.__cause__, by_cursor.value.__cause__):
+        assert isinstance(error, psycopg.errors.DatabaseError)
+        diag = error.diag
+        assert (error.sqlstate, diag.message_primary) == ("DJ001", "refused")
+        assert (diag.message_detail, diag.message_hint) == ("the detail", "the hint")
+    assert direct.value("SELECT %s::int + 1", (1,)) == "2"
 
 
 def test_a_prepared_statement_deallocated_by_someone_is_prepared_again() -> None:

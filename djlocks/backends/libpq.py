@@ -204,10 +204,12 @@ def _state(result: Any) -> str | None:
 
 
 def _error(result: Any) -> Exception:
-    """psycopg's exception for an error ``result``: the class of its SQLSTATE."""
+    """psycopg's exception for an error ``result``: the class of its SQLSTATE, with the
+    server's diagnostics in its ``diag`` (detail, hint, context), as a cursor raises it."""
     message = (result.error_message or b"").decode(errors="replace").strip()
     state = _state(result)
     try:
-        return errors.lookup(state)(message) if state else OperationalError(message)
-    except KeyError:  # a SQLSTATE psycopg does not know
-        return errors.DatabaseError(message)
+        kind = errors.lookup(state) if state else OperationalError
+    except KeyError:  # a SQLSTATE psycopg does not know (its ``sqlstate`` reads ``diag``)
+        kind = errors.DatabaseError
+    return kind(message, info=result)
