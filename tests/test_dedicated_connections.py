@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 
 from djlocks import Lock, LockLost
 from djlocks.backends import aside, backends
@@ -144,3 +145,53 @@ def test_a_get_lock_wait_without_a_cursor_can_be_interrupted_by_a_signal() -> No
         finally:
             own.discard()  # its GET_LOCK still waits in the server: the session ends
             cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="Django pools PostgreSQL's")
+def test_holders_never_take_a_connection_from_djangos_pool() -> None:
+    """With ``OPTIONS["pool"]`` of one connection, threads that hold a session lock and a
+    lease leave it to the project: a request's query gets it at once. (The setting is
+    the alias's, shared by every thread's connection, and set only while the test runs:
+    this thread's connection, opened before, must not close meanwhile.)"""
+    options = connection.settings_dict["OPTIONS"]
+    options["pool"] = {"min_size": 0, "max_size": 1, "timeout": 2}
+    holding, done = threading.Barrier(3), threading.Event()
+    queried: list[object] = []
+    failed: list[Exception] = []
+
+    def hold(alias: str) -> None:
+        try:
+            with Lock(f"pool:{alias}", backend=alias, timeout=5):
+                holding.wait(10)
+                done.wait(10)
+        except Exception as exc:
+            failed.append(exc)
+            holding.abort()
+
+    def request() -> None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                queried.append(cursor.fetchone())
+        except DatabaseError as exc:
+            queried.append(exc)
+        finally:
+            connections.close_all()  # back to the pool
+
+    holders = [threading.Thread(target=hold, args=(alias,)) for alias in ("session", "default")]
+    try:
+        for thread in holders:
+            thread.start()
+        with contextlib.suppress(threading.BrokenBarrierError):
+            holding.wait(10)
+        assert failed == [], "the holders drew from the pool, which has one connection"
+        asking = threading.Thread(target=request)
+        asking.start()
+        asking.join(10)
+        assert queried == [(1,)], "a holder took the pool's only connection"
+    finally:
+        done.set()
+        for thread in holders:
+            thread.join(10)
+        connection.close_pool()
+        del options["pool"]

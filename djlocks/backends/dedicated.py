@@ -62,15 +62,19 @@ class DedicatedConnections(threading.local):
         Django's own machinery configures it (``OPTIONS``, time zone, init
         commands). On MySQL/MariaDB it also accepts several statements per
         query (``CLIENT.MULTI_STATEMENTS``), so that djlocks can send a batch in
-        one round trip; its parameters are always passed separately. Sharing
-        between threads is allowed because djlocks hands a wrapper from thread
-        to thread (never two at once) and ``close_all()`` closes it from
-        another thread.
+        one round trip; its parameters are always passed separately. It never
+        draws from Django's connection pool (``OPTIONS["pool"]``, PostgreSQL): a
+        dedicated connection stays open while its thread takes locks, and the
+        pool's connections are the project's, for its requests. Sharing between
+        threads is allowed because djlocks hands a wrapper from thread to thread
+        (never two at once) and ``close_all()`` closes it from another thread.
         """
         template = connections[using]
         settings = dict(template.settings_dict)
+        options = {key: value for key, value in settings["OPTIONS"].items() if key != "pool"}
         if template.vendor == "mysql":
-            settings["OPTIONS"] = _with_multi_statements(settings.get("OPTIONS", {}))
+            options = _with_multi_statements(options)
+        settings["OPTIONS"] = options
         wrapper = type(template)(settings, alias=using)
         wrapper.inc_thread_sharing()
         with cls._every_thread_guard:
@@ -221,11 +225,9 @@ def _close_when_idle(wrapper: BaseDatabaseWrapper) -> None:
     crash). A statement still running is cancelled (``cancel_safe``, which is
     thread-safe), and the connection is closed once its lock is free, within
     ``CLOSE_WAIT`` seconds in all; a connection still busy then is left open, for
-    its thread to finish with, and logged. Only the driver's connection is closed
-    under the lock: Django's pool (``OPTIONS["pool"]``) would roll back a connection
-    it takes back, which takes that lock again. mysqlclient has no such lock: djlocks
-    itself runs no statement from another thread when ``backends.reset()`` closes
-    (see ``aside``).
+    its thread to finish with, and logged. Django's part, ``wrapper.close()``, then
+    forgets the closed connection. mysqlclient has no such lock: djlocks itself runs
+    no statement from another thread when ``backends.reset()`` closes (see ``aside``).
     """
     driver = wrapper.connection
     lock = getattr(driver, "lock", None)
@@ -248,7 +250,7 @@ def _close_when_idle(wrapper: BaseDatabaseWrapper) -> None:
         finally:
             lock.release()
     with contextlib.suppress(Exception):
-        wrapper.close()  # Django's part: forget the connection, or give it back to the pool
+        wrapper.close()  # Django's part: forget the connection
 
 
 def _runs_a_statement(driver: Any) -> bool:
