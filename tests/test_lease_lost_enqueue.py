@@ -1,14 +1,17 @@
 """A lease waiter whose enqueue was applied but whose reply was lost stands in the queue
-once: the retried enqueue, on a new connection, takes the place of the first row."""
+once: the retried enqueue, on a new connection, takes the place of the first row, or
+takes the slot a release handed that row meanwhile."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
 from djlocks import Lock
+from djlocks.backends import backends
 from djlocks.models import LeaseWaiter
 from tests.workers import CONTEXT, proxied_worker, wait_in_line
 
@@ -20,24 +23,30 @@ pytestmark = [
     pytest.mark.usefixtures("store"),
     pytest.mark.timeout(120),
 ]
+Queue = list[tuple[int, str | None]]
 
 
-def queue_of(name: str) -> list[tuple[int, str | None]]:
+def queue_of(name: str) -> Queue:
     """The waiter rows of ``name``, live or not: (ticket, token), in queue order."""
     return list(LeaseWaiter.objects.filter(name=name).order_by("id").values_list("id", "token"))
 
 
-def rows_until(name: str, found: object, what: str) -> list[tuple[int, str | None]]:
-    """``queue_of(name)`` once ``found`` (a function of it) is true, within 30 s."""
+def queue_once(name: str, found: Callable[[Queue], bool], what: str) -> Queue:
+    """``queue_of(name)`` once ``found`` says yes to it, within 30 s."""
     deadline = time.monotonic() + 30
-    while not found(queued := queue_of(name)):  # type: ignore[operator]
+    while not found(queued := queue_of(name)):
         assert time.monotonic() < deadline, f"{what}: the queue is {queued}"
         time.sleep(0.05)
     return queued
 
 
 @pytest.mark.catalogue("lost-acquire-reply", backend="default")
-def test_a_lost_enqueue_reply_leaves_the_waiter_queued_once() -> None:
+@pytest.mark.parametrize("served", [False, True], ids=["queued", "served-meanwhile"])
+def test_a_lost_enqueue_reply_leaves_the_waiter_queued_once(served: bool) -> None:
+    """A waiter in another process, through a TCP proxy that swallows the reply to its
+    enqueue, then cuts the connection. ``served``: the holder releases before the cut,
+    handing the slot to the row whose reply was lost; the waiter must take that slot,
+    not queue again and, at its own release, hand the slot back to itself."""
     name = "l:lost-enqueue"
     report = CONTEXT.Queue()
     holder = Lock(name, ttl=30)
@@ -48,20 +57,26 @@ def test_a_lost_enqueue_reply_leaves_the_waiter_queued_once() -> None:
         with proxied_worker("default", wait_in_line, name, "waiter", report) as (proxy, waiter):
             proxy.drop_replies_from = b"INSERT INTO djlocks_lease_waiter"
             assert proxy.dropping.wait(30), "the waiter never sent its enqueue"
-            (first,) = rows_until(name, bool, "the server never applied the lost enqueue")
+            (first,) = queue_once(name, bool, "the server never applied the lost enqueue")
+            if served:
+                holder.release()
+                released = True
+                queue_once(name, lambda rows: rows == [], "the release handed nothing over")
             time.sleep(0.5)  # the server's reply, sent as it committed, is swallowed
             proxy.heal()  # before the cut: the waiter's new connection goes through
             proxy.cut()  # the reply never comes: the waiter's connection fails
-            queued = rows_until(
-                name, lambda rows: any(row != first for row in rows), "no retried enqueue"
-            )
-            assert [token for _, token in queued] == [first[1]], "the waiter is queued twice"
-            holder.release()
-            released = True
+            if not served:
+                queued = queue_once(
+                    name, lambda rows: any(row != first for row in rows), "no retried enqueue"
+                )
+                assert [token for _, token in queued] == [first[1]], "queued twice"
+                holder.release()
+                released = True
             assert report.get(timeout=30) == ("waiter", held.fence + 1)
             waiter.join(30)  # released
             assert waiter.exitcode == 0
             assert queue_of(name) == [], "the waiter left a row behind"
+            assert backends["default"].holders(name) == [], "the slot was handed back"
     finally:
         if not released:
             holder.release()

@@ -74,24 +74,28 @@ def test_an_error_has_its_sqlstate_and_leaves_the_session_usable(
             cursor.execute("SELECT pg_advisory_unlock(%s)", [KEY])
 
 
-def test_an_error_carries_the_server_diagnostics_as_a_cursors_does(
-    direct: DirectStatements,
-) -> None:
-    """What the server said beside the message (here a ``RAISE``'s detail and hint, and
-    a SQLSTATE psycopg has no class for) reaches the caller in the error's ``diag``."""
+@pytest.mark.parametrize("code", ["DJ001", "23P99", "55P03"])
+def test_an_error_is_raised_as_a_cursor_raises_it(direct: DirectStatements, code: str) -> None:
+    """The same class (for a SQLSTATE psycopg has no class for, its class's: 23P99 is an
+    ``IntegrityError``), message and diagnostics (here a ``RAISE``'s detail and hint)."""
     raising = (
-        "DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = 'DJ001', "
+        f"DO $$ BEGIN RAISE EXCEPTION 'refused' USING ERRCODE = '{code}', "
         "DETAIL = 'the detail', HINT = 'the hint'; END $$"
     )
     with pytest.raises(DatabaseError) as raised, connection.wrap_database_errors:
         direct.outcome(raising, ())
     with pytest.raises(DatabaseError) as by_cursor, connection.cursor() as cursor:
         cursor.execute(raising)
-    for error in (raised.value.__cause__, by_cursor.value.__cause__):
-        assert isinstance(error, psycopg.errors.DatabaseError)
-        diag = error.diag
-        assert (error.sqlstate, diag.message_primary) == ("DJ001", "refused")
-        assert (diag.message_detail, diag.message_hint) == ("the detail", "the hint")
+    ours, psycopgs = raised.value.__cause__, by_cursor.value.__cause__
+    assert isinstance(ours, psycopg.Error) and isinstance(psycopgs, psycopg.Error)
+    assert (type(ours), str(ours)) == (type(psycopgs), str(psycopgs))
+    assert ours.sqlstate == code
+    diag = ours.diag
+    assert (diag.message_primary, diag.message_detail, diag.message_hint) == (
+        "refused",
+        "the detail",
+        "the hint",
+    )
     assert direct.value("SELECT %s::int + 1", (1,)) == "2"
 
 

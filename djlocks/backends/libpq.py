@@ -177,7 +177,7 @@ class DirectStatements:
                 self._prepare = False
             result = self._run(self._known(sql), values)
         if result.status not in SUCCEEDED:
-            raise _error(result)
+            raise _error(result, self._connection.info.encoding)
         return result
 
     def _known(self, sql: str) -> Known:
@@ -192,7 +192,7 @@ class DirectStatements:
                 pgconn.send_prepare(name, statement)
                 result = self._results(pgconn)
             if result.status != pq.ExecStatus.COMMAND_OK:
-                raise _error(result)
+                raise _error(result, self._connection.info.encoding)
         self._statements[sql] = (statement, name)
         return statement, name
 
@@ -203,13 +203,12 @@ def _state(result: Any) -> str | None:
     return None if state is None else str(state.decode())
 
 
-def _error(result: Any) -> Exception:
-    """psycopg's exception for an error ``result``: the class of its SQLSTATE, with the
-    server's diagnostics in its ``diag`` (detail, hint, context), as a cursor raises it."""
-    message = (result.error_message or b"").decode(errors="replace").strip()
-    state = _state(result)
-    try:
-        kind = errors.lookup(state) if state else OperationalError
-    except KeyError:  # a SQLSTATE psycopg does not know (its ``sqlstate`` reads ``diag``)
-        kind = errors.DatabaseError
-    return kind(message, info=result)
+def _error(result: Any, encoding: str) -> Exception:
+    """psycopg's exception for an error ``result``, as a cursor raises it: the class of
+    its SQLSTATE (or of the SQLSTATE's class, for one psycopg does not know), with the
+    server's message and its diagnostics in ``diag`` (detail, hint, context);
+    ``OperationalError`` for a result without a SQLSTATE (the connection failed)."""
+    if _state(result) is None:
+        message = result.get_error_message(encoding)
+        return OperationalError(message, info=result, encoding=encoding)
+    return errors.error_from_result(result, encoding=encoding)

@@ -19,10 +19,11 @@ client and server addresses and ports the server reports for the session
 (``inet_client_addr()``, ``inet_client_port()``, ``inet_server_addr()``,
 ``inet_server_port()``) are the socket's own two ends. Through a pooler or any
 other proxy (or an address translation) they are not, and over a Unix socket
-nothing proves it, so those connections keep Django's client-side binding; so
-does a connection from Django's pool (``OPTIONS["pool"]``), which goes back to
-the application. An ``OPTIONS["prepare_threshold"]`` set on the database alias
-is followed as given (``None``: never prepare).
+nothing proves it, so those connections keep Django's client-side binding.
+(djlocks' connections never come from Django's pool, ``OPTIONS["pool"]``, so none
+goes back to the application with these settings: ``dedicated.new_wrapper``.) An
+``OPTIONS["prepare_threshold"]`` set on the database alias is followed as given
+(``None``: never prepare).
 
 A connection that prepares also plans each prepared statement once
 (``plan_cache_mode = force_generic_plan``): left to choose, the server planned
@@ -48,13 +49,9 @@ GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 def prepare_where_direct(wrapper: BaseDatabaseWrapper) -> bool:
     """Have the newly opened PostgreSQL connection ``wrapper`` prepare djlocks'
     statements if it reaches the server directly (or as the alias's
-    ``OPTIONS["prepare_threshold"]`` says); whether it now does. A connection from
-    Django's pool (``OPTIONS["pool"]``) is left as it is: it goes back to the pool,
-    and the application's queries would run on it with these settings. Raises
-    Django's ``DatabaseError`` if the server cannot be asked."""
+    ``OPTIONS["prepare_threshold"]`` says); whether it now does. Raises Django's
+    ``DatabaseError`` if the server cannot be asked."""
     options = wrapper.settings_dict.get("OPTIONS", {})
-    if options.get("pool"):
-        return False
     if "prepare_threshold" in options:
         threshold = options["prepare_threshold"]
     else:

@@ -77,7 +77,12 @@ class LeaseQueue(LeaseClaims):
         # its lease counts from, began after this moment: the heir's belief in a
         # lease that a notice hands over counts from here.
         queued_at = time.monotonic()
-        ticket, counted = self._run(self._enqueuing(request, key, waiter_ttl, heir_token, sleeper))
+        ticket, counted, served = self._run(
+            self._enqueuing(request, key, waiter_ttl, heir_token, sleeper)
+        )
+        if served is not None:
+            return served  # a release served its first enqueue, whose reply was lost
+        assert ticket is not None
         ahead: int | None = counted  # None: to be counted again
         acquire_log.debug("queued for %s as ticket %s", request.name, ticket)
         # PostgreSQL: the waiter's listening session, named in its queue row, hears the
@@ -391,16 +396,25 @@ class LeaseQueue(LeaseClaims):
         waiter_ttl: float,
         heir_token: str,
         sleeper: int | None,
-    ) -> Callable[[BaseDatabaseWrapper], tuple[int, int]]:
+    ) -> Callable[[BaseDatabaseWrapper], tuple[int | None, int, GrantRecord | None]]:
         """``_enqueue`` as an operation for ``_run``, which tries it once more on a new
-        connection when the first one failed. That first try may have written its row
-        before its reply was lost: the retry deletes it (by the waiter's token) before
-        it writes its own, so the waiter never stands in the queue twice. A second row
-        would be counted ahead of the waiters behind it until ``WAITER_TTL``, and a
-        hand-over could give it a slot under the token that already holds one."""
+        connection when the first one failed; returns ``_enqueue``'s ticket and count,
+        and ``None``, or, on a retry, ``(None, 0, grant)`` when a release had already
+        handed the first try's row a slot.
+
+        That first try may have written its row before its reply was lost. A second
+        row would be counted ahead of the waiters behind it until ``WAITER_TTL``, and
+        once the waiter held a slot under its token, a release could hand that row a
+        slot under the same token. So a retry first deletes the first row (found by
+        the waiter's token), then reads the slot handed to it, if a release served it
+        meanwhile (after the delete, no release can hand it one), and queues again,
+        at the back, only if none was. A first try that the server runs still, after
+        the retry's delete (held up by a lock for that long), can leave its row
+        behind: it expires at ``WAITER_TTL``.
+        """
         tries = 0
 
-        def enqueue(db: BaseDatabaseWrapper) -> tuple[int, int]:
+        def enqueue(db: BaseDatabaseWrapper) -> tuple[int | None, int, GrantRecord | None]:
             nonlocal tries
             tries += 1
             if tries > 1:
@@ -409,7 +423,11 @@ class LeaseQueue(LeaseClaims):
                     f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s",
                     (key, heir_token),
                 )
-            return self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+                handed = self._handed_grant(db, request, heir_token)
+                if handed is not None:
+                    return None, 0, handed
+            ticket, ahead = self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+            return ticket, ahead, None
 
         return enqueue
 
