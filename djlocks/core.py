@@ -26,6 +26,7 @@ from djlocks.arguments import (
     validate_limit,
     validate_name,
 )
+from djlocks.async_waits import wait_threads
 from djlocks.backends import backends
 from djlocks.backends.base import AcquireRequest, LockBackend
 from djlocks.backends.waiting import Abort
@@ -35,7 +36,7 @@ from djlocks.exceptions import BackendUnavailable, LockLost, NotAcquired, NotHel
 from djlocks.forksafe import fork_safe_lock
 from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
-from djlocks.identity import current_identity
+from djlocks.identity import Identity, current_identity, task_identity
 
 acquire_log = logging.getLogger("djlocks.acquire")
 
@@ -232,16 +233,25 @@ class Lock:
         whose reply arrived after it could have run out (a stalled network or
         process) is given back and ``None`` returned: it must not be believed.
         """
+        return self._traced(self._wait(blocking, timeout), abort, current_identity(self.label))
+
+    def _wait(self, blocking: bool, timeout: Any) -> float | None:
+        """The seconds an acquire with these arguments waits (``None``: forever)."""
         wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
-        if not blocking:
-            wait = 0.0
+        return wait if blocking else 0.0
+
+    def _traced(self, wait: float | None, abort: Abort | None, identity: Identity) -> Grant | None:
+        """``_acquire_grant`` in its tracing span."""
         with tracing.acquiring(self.backend_alias, self.name, self.limit) as traced:
-            grant = self._acquire_grant(wait, abort)
+            grant = self._acquire_grant(wait, abort, identity)
             traced(grant)
         return grant
 
-    def _acquire_grant(self, wait: float | None, abort: Abort | None) -> Grant | None:
-        """``acquire_grant`` for a wait of ``wait`` seconds (``None``: forever)."""
+    def _acquire_grant(
+        self, wait: float | None, abort: Abort | None, identity: Identity
+    ) -> Grant | None:
+        """``acquire_grant`` for a wait of ``wait`` seconds (``None``: forever), asked by
+        ``identity``."""
         started = time.monotonic()
         deadline = None if wait is None else started + wait
         ttl = self.ttl
@@ -260,7 +270,7 @@ class Lock:
             limit=self.limit,
             ttl=ttl,
             cooldown=self.cooldown,
-            identity=current_identity(self.label),
+            identity=identity,
         )
         holder = _holder_key()  # read before the wait: after the grant, the next waits on it
         measured = metrics.waiting(self.backend_alias, self.name)
@@ -330,7 +340,9 @@ class Lock:
     async def aacquire(self, blocking: bool = True, timeout: Any = _USE_SPEC) -> bool:
         """``acquire()`` for async code: ``await lock.aacquire(timeout=5)``.
 
-        Waits in a worker thread, so the event loop keeps running. Cancelling
+        Waits in one of djlocks' threads (``async_waits``), so the event loop keeps
+        running; the grant is the awaiting task's (the session backends' deadlock
+        check tells it from the thread's other tasks). Cancelling
         the awaiting task ends the wait and gives back a grant that arrived
         meanwhile. Same arguments, result and exceptions as ``acquire()``, plus
         ``TypeError`` for a backend whose grants live in the calling thread's
@@ -355,8 +367,17 @@ class Lock:
                 f"sync_to_async(thread_sensitive=True)."
             )
         abort = Abort()
+        wait = self._wait(blocking, timeout)
+        task = asyncio.current_task()
+        identity = current_identity(self.label) if task is None else task_identity(self.label, task)
+        queued = time.monotonic()
+
+        def in_a_wait_thread() -> Grant | None:
+            left = None if wait is None else max(0.0, wait - (time.monotonic() - queued))
+            return self._traced(left, abort, identity)
+
         attempt = asyncio.ensure_future(
-            sync_to_async(self.acquire_grant, thread_sensitive=False)(blocking, timeout, abort)
+            sync_to_async(in_a_wait_thread, thread_sensitive=False, executor=wait_threads())()
         )
         try:
             grant = await asyncio.shield(attempt)

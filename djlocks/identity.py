@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import socket
 import sys
@@ -17,7 +19,8 @@ class Identity:
 
     ``thread`` is the thread's name and its operating-system id, ``"MainThread
     (tid 4242)"``: names need not be unique, ids are among live threads (the
-    session backends find deadlocks between threads by it).
+    session backends find deadlocks between threads by it). An async acquire's
+    names its task instead (``task_identity``).
     """
 
     host: str
@@ -49,6 +52,18 @@ def current_identity(label: str | None) -> Identity:
     )
     _known.last = (asked, identity)
     return identity
+
+
+def task_identity(label: str | None, task: asyncio.Task[object]) -> Identity:
+    """Describe the asyncio ``task`` that acquires, from its event loop's thread: as
+    ``current_identity``, with the task's name and id in place of the thread's id,
+    ``"MainThread Task-5 (task 140234)"``. An async grant is its task's, whichever
+    thread its wait ran in: the session backends' deadlock check tells it from the
+    thread's other tasks by that id."""
+    identity = current_identity(label)
+    thread = identity.thread.rsplit(" (tid ", 1)[0]
+    task_name = storable(task.get_name(), 40)
+    return dataclasses.replace(identity, thread=f"{thread} {task_name} (task {id(task)})")
 
 
 #: Per thread: the last identity ``current_identity`` gathered, and what it was asked.

@@ -289,6 +289,34 @@ def test_the_idle_time_of_names_is_checked_where_it_is_set() -> None:
 
 
 @shared
+def test_more_tasks_wait_than_the_event_loops_executor_has_threads(backend: str) -> None:
+    """Async waits run in djlocks' own threads: 8 tasks take one name in turn while the
+    loop's default executor, where their releases run, has 2 threads. (When the waits
+    ran there, they took both, the holder's release waited for a thread, and every
+    wait ran out its time.)"""
+    lock = Lock("contract:tasks", backend=backend, timeout=10, ttl=30)
+
+    async def in_turn() -> tuple[list[object], float]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+
+        async def one() -> None:
+            async with lock:
+                await asyncio.sleep(0.02)
+
+        began = time.monotonic()
+        outcomes = await asyncio.gather(*(one() for _ in range(8)), return_exceptions=True)
+        return outcomes, time.monotonic() - began
+
+    if can(backend).in_caller_transaction:
+        with pytest.raises(TypeError, match="transaction"):
+            asyncio.run(lock.aacquire(timeout=0))
+        return
+    outcomes, took = asyncio.run(in_turn())
+    assert outcomes == [None] * 8
+    assert took < 8, f"8 holds of 20 ms took {took:.1f} s"
+
+
+@shared
 @pytest.mark.catalogue("cancelled-acquires")
 def test_cancelled_waits_leave_nothing_behind(backend: str) -> None:
     """While the name is held: 20 waits ended by an abort from another thread (as a

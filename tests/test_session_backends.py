@@ -9,6 +9,7 @@ SQLite has no session locks, so the sqlite run does not collect them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -279,6 +280,30 @@ def test_a_deadlock_between_two_names_has_one_typed_victim() -> None:
         thread.join(30)
     assert sorted(what for what, _ in outcomes) == ["proceeded", "victim"], outcomes
     assert max(when for _, when in outcomes) < 5, outcomes
+
+
+@pytest.mark.catalogue("deadlock-victim", backend=SESSION)
+def test_a_deadlock_between_two_async_tasks_has_one_typed_victim() -> None:
+    """As between threads, between two tasks of one event loop, whose waits run in
+    djlocks' threads, whichever is free: a grant and a wait are their task's."""
+
+    async def crossed() -> list[str]:
+        both_hold_one = asyncio.Barrier(2)
+
+        async def take(first: str, second: str) -> str:
+            try:
+                async with lock(first, timeout=20):
+                    await both_hold_one.wait()
+                    async with lock(second, timeout=20):
+                        return "proceeded"
+            except LockDeadlock:
+                return "victim"
+
+        return await asyncio.gather(take("s:ta", "s:tb"), take("s:tb", "s:ta"))
+
+    began = time.monotonic()
+    assert sorted(asyncio.run(crossed())) == ["proceeded", "victim"]
+    assert time.monotonic() - began < 10
 
 
 def test_waits_that_only_look_like_a_cycle_by_process_are_not_deadlocks() -> None:

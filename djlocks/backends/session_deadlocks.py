@@ -40,13 +40,16 @@ from datetime import datetime
 #: Seconds a wait lasts before it is checked for a deadlock.
 CHECK_AFTER = 1.0
 
-Owner = tuple[str, int, int]  # host, pid, thread id (``threading.get_native_id``)
-_TID = re.compile(r"\(tid (\d+)\)$")
+#: Host, pid, and the thread id (``threading.get_native_id``) or, for an async acquire,
+#: the task's (``identity.task_identity``): a memory address, never a thread's id.
+Owner = tuple[str, int, int]
+_TID = re.compile(r"\((?:tid|task) (\d+)\)$")
 
 
 @functools.lru_cache(maxsize=1024)  # a few threads' descriptions, asked at every wait
 def owner_of(host: str, pid: int, thread: str) -> Owner | None:
-    """The owner of a holder row (its ``thread`` ends in ``(tid N)``, see ``Identity``)."""
+    """The owner of a holder row (its ``thread`` ends in ``(tid N)`` or ``(task N)``, see
+    ``Identity``)."""
     found = _TID.search(thread)
     return None if found is None else (host, pid, int(found.group(1)))
 

@@ -184,9 +184,9 @@ class SessionClaims(SessionStore):
         if watch.victim:
             raise LockDeadlock(
                 f"{request.name!r}: this wait would never end. Its holder waits, directly "
-                f"or through others, for a session lock that this thread holds. This wait "
-                f"was chosen to end it (it began last). Release your locks and try again, "
-                f"or take names in one fixed order."
+                f"or through others, for a session lock that this thread (or async task) "
+                f"holds. This wait was chosen to end it (it began last). Release your locks "
+                f"and try again, or take names in one fixed order."
             )
         return None if fence is None else (0, fence)
 
