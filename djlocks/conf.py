@@ -26,7 +26,9 @@ Keys and defaults (all optional):
     events to a thread of the process, which writes them many at a time;
     ``"synchronous"``: every event is written before the operation returns.
 ``EVENTS_DATABASE``
-    The database alias that holds ``djlocks_event`` (``"default"``).
+    The database alias that holds ``djlocks_event``; ``None`` (the default): the one
+    the project's ``DATABASE_ROUTERS`` pick for writing it (``"default"`` without
+    routers), as the backends find their tables (``events_database``).
 ``KEY_PREFIX``
     The first part of every Redis key the Redis backend writes (``"djlocks"``);
     a backend's ``OPTIONS["prefix"]`` overrides it.
@@ -67,7 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "WAITER_TTL": 10,
     "EVENTS": True,
     "EVENTS_WRITER": BACKGROUND,
-    "EVENTS_DATABASE": "default",
+    "EVENTS_DATABASE": None,
     "EVENTS_RETENTION": 7 * 24 * 3600,
     "KEY_PREFIX": "djlocks",
     "METRICS_GROUP": None,
@@ -80,6 +82,18 @@ def djlocks_settings() -> dict[str, Any]:
     """Return ``DJLOCKS`` merged over the defaults (cached until the setting changes)."""
     configured = getattr(settings, "DJLOCKS", {}) or {}
     return {**DEFAULTS, **configured}
+
+
+def events_database() -> str:
+    """The database alias of the history (``djlocks_event``): ``DJLOCKS["EVENTS_DATABASE"]``
+    if set, else where the project's ``DATABASE_ROUTERS`` write ``LockEvent`` (Django's
+    ``router.db_for_write``; ``"default"`` where no router has a say)."""
+    configured = djlocks_settings()["EVENTS_DATABASE"]
+    if configured is not None:
+        return str(configured)
+    from djlocks.backends.base import database_alias
+
+    return database_alias({}, "LockEvent")
 
 
 Normalized = TypeVar("Normalized")

@@ -37,7 +37,7 @@ from djlocks.backends.dedicated import RecordWriting
 from djlocks.backends.driver import psycopg3_in_use
 from djlocks.backends.missing_table import MIGRATE, is_missing_table
 from djlocks.backends.sql import postgresql
-from djlocks.conf import BACKGROUND, djlocks_settings
+from djlocks.conf import BACKGROUND, djlocks_settings, events_database
 from djlocks.kinds import Kind
 from djlocks.percentiles import percentile
 
@@ -57,7 +57,7 @@ ENDED_HOLDS = (Kind.RELEASED, Kind.LOST)
 
 
 class EventLog:
-    """Records ``LockEvent`` rows in the ``DJLOCKS["EVENTS_DATABASE"]`` database."""
+    """Records ``LockEvent`` rows in the history's database (``events_database``)."""
 
     def __init__(self) -> None:
         self._connections = RecordWriting()
@@ -203,7 +203,7 @@ class EventLog:
         """Insert ``events`` now, as few statements as the database allows; ``False`` if
         that failed (logged on ``djlocks.events``: as a warning if ``warn``, the last try,
         else at debug level). ``events`` loses each row as it is committed."""
-        connections = self._connections[djlocks_settings()["EVENTS_DATABASE"]]
+        connections = self._connections[events_database()]
         try:
             _insert(connections.get(), events)
             return True
@@ -227,9 +227,7 @@ class EventLog:
         from djlocks.models import LockEvent
 
         cutoff = timezone.now() - timedelta(seconds=settings["EVENTS_RETENTION"])
-        deleted, _ = (
-            LockEvent.objects.using(settings["EVENTS_DATABASE"]).filter(at__lt=cutoff).delete()
-        )
+        deleted, _ = LockEvent.objects.using(events_database()).filter(at__lt=cutoff).delete()
         return deleted
 
 
@@ -328,7 +326,7 @@ def _prepared_rows(
 
 def _history_database() -> tuple[str, object]:
     """The alias the history is written to, and the name of its database now."""
-    alias = djlocks_settings()["EVENTS_DATABASE"]
+    alias = events_database()
     return alias, db_connections.settings[alias].get("NAME")
 
 
@@ -342,7 +340,7 @@ def recent_events(backend: str, name: str, count: int) -> list[LockEvent]:
     """The last ``count`` events of ``name`` on ``backend``, newest first."""
     from djlocks.models import LockEvent
 
-    recent = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+    recent = LockEvent.objects.using(events_database())
     return list(recent.filter(backend=backend, name=name).order_by("-at", "-id")[:count])
 
 
@@ -359,7 +357,7 @@ def usual_hold(backend: str, name: str, since: datetime) -> float | None:
     from djlocks.models import LockEvent
 
     recent = (
-        LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+        LockEvent.objects.using(events_database())
         .filter(backend=backend, name=name, at__gte=since, kind__in=ENDED_HOLDS)
         .exclude(held=None)
         .order_by("-at")
@@ -392,7 +390,7 @@ def statistics(backend: str, name: str, since: datetime) -> Statistics:
     from djlocks.models import LockEvent
 
     rows = list(
-        LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"])
+        LockEvent.objects.using(events_database())
         .filter(backend=backend, name=name, at__gte=since)
         .order_by("-at")
         .values_list("kind", "waited", "held")[:STATISTICS_WINDOW]

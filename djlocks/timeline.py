@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from djlocks.backends.base import HolderInfo, WaiterInfo
-from djlocks.conf import djlocks_settings
+from djlocks.conf import events_database
 from djlocks.events import ENDED_HOLDS
 from djlocks.kinds import Kind
 
@@ -121,7 +121,7 @@ def average_waiters(
     waits: dict[tuple[str, str], list[tuple[datetime, datetime]]] = {
         key: [(since, end) for since in live.get(key, ())] for key in names
     }
-    ended = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"]).filter(
+    ended = LockEvent.objects.using(events_database()).filter(
         name__in={name for _, name in names},
         at__gte=start,
         kind__in=ENDED_WAITS,
@@ -153,7 +153,7 @@ def _events(
     first: the last ``TIMELINE_EVENTS`` at most."""
     from djlocks.models import LockEvent
 
-    rows = LockEvent.objects.using(djlocks_settings()["EVENTS_DATABASE"]).filter(
+    rows = LockEvent.objects.using(events_database()).filter(
         backend=backend, name=name, at__gte=since, kind__in=list(kinds), **more
     )
     return list(rows.order_by("-at")[:TIMELINE_EVENTS])

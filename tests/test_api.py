@@ -8,10 +8,13 @@ import time
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 import djlocks
 from djlocks import Lock, NotAcquired, NotHeld, Semaphore, db_lock, db_semaphore
+from djlocks.conf import events_database
 from djlocks.testing import use_locmem_backends
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -107,3 +110,20 @@ def test_a_grant_is_dated_when_it_was_made_as_timezone_now_dates(
     settings.USE_TZ = not use_tz  # what the grant's date follows is the setting at the grant
     assert (grant.acquired_at.tzinfo is not None) is use_tz
     assert before <= grant.acquired_at <= after
+
+
+class HistoryElsewhere:
+    """A router that writes djlocks' models to the ``history`` alias."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "history" if model._meta.app_label == "djlocks" else None
+
+
+def test_the_history_is_where_the_routers_write_unless_its_database_is_named() -> None:
+    """As the backends' ``using``: a project that routes djlocks' tables to a database of
+    their own finds its history there without naming it again."""
+    assert events_database() == "default"
+    with override_settings(DATABASE_ROUTERS=[HistoryElsewhere()]):
+        assert events_database() == "history"
+        with override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS_DATABASE": "default"}):
+            assert events_database() == "default"

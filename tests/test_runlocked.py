@@ -208,6 +208,17 @@ def test_max_hold_that_is_not_a_length_of_time_is_a_usage_error() -> None:
     assert finished(runlocked("test:max-hold", "--max-hold", "0", "--", "true")) == 2
 
 
+def test_a_cooldown_on_a_backend_that_cannot_hold_a_slot_back_is_a_usage_error() -> None:
+    """The row backend's lock ends with its transaction: one line and status 2, not the
+    traceback of the first acquire."""
+    process = runlocked(
+        "test:cooldown", "--backend", "row", "--cooldown", "5", "--", "true", stderr=subprocess.PIPE
+    )
+    _, said = process.communicate(timeout=30)
+    assert process.returncode == 2
+    assert "--cooldown needs a backend" in said and "Traceback" not in said
+
+
 def _terms(path: Path, count: int, timeout: float = 20) -> list[int]:
     """The terms the commands appended to ``path``, once there are ``count`` of them."""
     deadline = time.monotonic() + timeout

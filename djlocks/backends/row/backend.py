@@ -68,10 +68,10 @@ class RowLockBackend(LockBackend):
     def capabilities(self) -> Capabilities:
         """Row locks wait in the server, in no promised order; on SQLite, locks only and
         no history when it shares the database (its one writer is the holder)."""
-        from djlocks.conf import djlocks_settings
+        from djlocks.conf import events_database
 
         sqlite = connections[self.using].vendor == "sqlite"
-        same_database = djlocks_settings()["EVENTS_DATABASE"] == self.using
+        same_database = events_database() == self.using
         return Capabilities(
             fifo=False,
             semaphores=not sqlite,

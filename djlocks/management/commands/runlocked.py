@@ -119,7 +119,11 @@ class Command(BaseCommand):
             )
         verbosity = 0 if options["quiet"] else options["verbosity"]
         try:
-            backends[options["backend"]]
+            if options["cooldown"] and not backends[options["backend"]].capabilities.cooldowns:
+                raise ValueError(
+                    f"--cooldown needs a backend that can hold a released slot back (a lease "
+                    f"backend); djlocks backend {options['backend']!r} cannot."
+                )
             plan = RunLockedPlan(
                 name=options["name"],
                 command=self.command_to_run,
