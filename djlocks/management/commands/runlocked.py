@@ -119,7 +119,8 @@ class Command(BaseCommand):
             )
         verbosity = 0 if options["quiet"] else options["verbosity"]
         try:
-            if options["cooldown"] and not backends[options["backend"]].capabilities.cooldowns:
+            backend = backends[options["backend"]]  # ImproperlyConfigured if unknown
+            if options["cooldown"] and not backend.capabilities.cooldowns:
                 raise ValueError(
                     f"--cooldown needs a backend that can hold a released slot back (a lease "
                     f"backend); djlocks backend {options['backend']!r} cannot."
