@@ -30,6 +30,7 @@ from django.test import override_settings
 from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore, db_locks
 from djlocks.backends import backends
 from djlocks.backends.base import Capabilities
+from djlocks.backends.push import hung_up
 from djlocks.backends.waiting import Abort
 from djlocks.grant import HELD_PAST_MAX_HOLD, Grant
 from djlocks.inspection import force_release
@@ -469,3 +470,44 @@ def test_runlocked_supervises_its_command(backend: str, tmp_path: Path) -> None:
     bound = 1.5 + 0.5 if can(backend).crash_release == "ttl" else 1.0
     with Lock("contract:cron", backend=backend, timeout=bound + 5):
         assert time.monotonic() - killed < bound
+
+
+def server_session_of(wrapper: Any) -> int:
+    """The server's id of the session of the Django connection ``wrapper``."""
+    with wrapper.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_backend_pid()"
+            if wrapper.vendor == "postgresql"
+            else "SELECT CONNECTION_ID()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize(
+    "backend", [alias for alias in CONFIGURED if alias in ("default", "session")]
+)
+def test_the_first_acquire_after_the_server_ended_an_idle_session_is_granted(
+    backend: str,
+) -> None:
+    """An administrator (or a restart) ends djlocks' idle session of this thread: the next
+    acquire opens a new one and is granted, as Django reconnects its own connections,
+    rather than failing once per thread with ``BackendUnavailable``."""
+    store = backends[backend]
+    if connections["default"].vendor == "sqlite":
+        pytest.skip("not applicable: an SQLite store has no server session to end")
+    with Lock("contract:ended", backend=backend, timeout=5):
+        pass  # this thread's session exists, idle now
+    sessions = store._idle if backend == "session" else None  # type: ignore[attr-defined]
+    idle = sessions[-1].wrapper if sessions else store._connections.get()  # type: ignore[attr-defined]
+    ended = server_session_of(idle)
+    with connections["default"].cursor() as cursor:
+        if connections["default"].vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [ended])
+        else:
+            cursor.execute("KILL CONNECTION %s", [ended])
+    deadline = time.monotonic() + 5  # MariaDB's KILL ends the session a moment later
+    while not hung_up(idle.connection.fileno()):
+        assert time.monotonic() < deadline, "the server never ended the session"
+        time.sleep(0.01)
+    with Lock("contract:ended", backend=backend, timeout=5) as grant:
+        grant.check()

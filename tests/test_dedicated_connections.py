@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 
@@ -197,3 +198,38 @@ def test_holders_never_take_a_connection_from_djangos_pool() -> None:
             connection.close_pool()  # while the option says there is one
         finally:
             del options["pool"]
+
+
+def test_a_thread_that_ends_closes_its_connection_at_once() -> None:
+    """Ten threads take a lease each and end, with the garbage collector off: their
+    connections close as each thread ends (a Django wrapper refers to itself, so waiting
+    for the collector let a server with a thread per request run out of connections)."""
+
+    def server_sessions() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                if connection.vendor == "postgresql"
+                else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+            )
+            return int(cursor.fetchone()[0])
+
+    def take_one(number: int) -> None:
+        try:
+            with Lock(f"ended-thread:{number}", ttl=5):
+                pass
+        finally:
+            connections.close_all()  # Django's own connection of the thread
+
+    with Lock("ended-thread:warm", ttl=5):
+        pass  # the process's background writers are connected
+    before = server_sessions()
+    gc.disable()
+    try:
+        for number in range(10):
+            thread = threading.Thread(target=take_one, args=(number,))
+            thread.start()
+            thread.join(30)
+        assert server_sessions() - before <= 2, "the ended threads' connections are open"
+    finally:
+        gc.enable()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.utils import timezone
 
 from djlocks import Lock, LockLost, Semaphore
@@ -19,6 +21,7 @@ from djlocks.backends import backends
 from djlocks.management.commands.djlocks import SWEEP_LOCK
 from djlocks.models import LeaseWaiter
 from djlocks.signals import lock_lost
+from tests.faults import free_port
 from tests.processes import finished, manage
 from tests.workers import CONTEXT, start_worker, wait_in_line
 
@@ -153,3 +156,16 @@ def test_django_s_common_options_may_follow_the_subcommand() -> None:
     """``manage.py djlocks list --settings S -v 2`` as Django users type it."""
     listed = manage("djlocks", "list", "--settings", "project.settings", "-v", "2", "--traceback")
     assert finished(listed) == 0
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="not applicable: an SQLite database is a file here"
+)
+def test_a_database_that_is_down_is_exit_status_69_with_a_message() -> None:
+    """Nothing listens on the database's port: each subcommand says so in one line."""
+    environment = {**os.environ, "DJLOCKS_DB_PORT": str(free_port())}
+    for arguments in (["list"], ["show", "down:x"], ["release", "down:x", "--yes"]):
+        process = manage("djlocks", *arguments, env=environment, stderr=subprocess.PIPE)
+        _, said = process.communicate(timeout=60)
+        assert process.returncode == 69, (arguments, said)
+        assert "Traceback" not in said, said

@@ -25,6 +25,7 @@ from django.db.backends.utils import CursorWrapper
 from django.dispatch import receiver
 
 from djlocks import background
+from djlocks.backends.push import hung_up
 from djlocks.forksafe import fork_safe_lock
 
 OnConnect = Callable[[BaseDatabaseWrapper], None]
@@ -49,6 +50,7 @@ class DedicatedConnections(threading.local):
         self.using = using
         self.on_connect = on_connect
         self._wrapper: BaseDatabaseWrapper | None = None
+        self._thread_end: _ThreadEnd | None = None
         self._pid = 0
 
     _every_thread: ClassVar[weakref.WeakSet[BaseDatabaseWrapper]] = weakref.WeakSet()
@@ -90,10 +92,13 @@ class DedicatedConnections(threading.local):
         if wrapper.connection is None:
             wrapper.ensure_connection()
             # A thread that ends drops its wrapper without closing it: close the
-            # driver's connection then, not at some later garbage collection. Not at
+            # driver's connection then, not at some later garbage collection (a Django
+            # wrapper refers to itself, so only the collector frees it, while a thread
+            # per request could open more connections than the server allows). Not at
             # interpreter exit: the thread may still run a statement on it (see
             # ``BackendHandler.stop_listeners``), and the operating system closes it.
-            weakref.finalize(wrapper, _close_quietly, wrapper.connection).atexit = False
+            self._thread_end = _ThreadEnd()
+            weakref.finalize(self._thread_end, _close_quietly, wrapper.connection).atexit = False
             if self.on_connect is not None:
                 try:
                     self.on_connect(wrapper)
@@ -154,6 +159,16 @@ class DedicatedConnections(threading.local):
             instances = list(cls._instances)
         for instance in instances:
             instance.discard()
+
+    def discard_if_ended(self) -> None:
+        """Discard this thread's connection if the server ended it while it was idle (a
+        restart, an administrator's kill, an idle time-out: its socket hung up), so that
+        the next use opens a new one rather than fail where a retry is not safe."""
+        wrapper = self._wrapper
+        driver = None if wrapper is None or self._pid != os.getpid() else wrapper.connection
+        socket = getattr(driver, "fileno", None)  # none on SQLite: no server to end it
+        if socket is not None and hung_up(socket()):
+            self.discard()
 
     def discard(self) -> None:
         """Close and forget this thread's connection (after an error of unknown outcome)."""
@@ -259,6 +274,13 @@ def _runs_a_statement(driver: Any) -> bool:
     from psycopg import pq
 
     return bool(driver.pgconn.transaction_status == pq.TransactionStatus.ACTIVE)
+
+
+class _ThreadEnd:
+    """Kept in one thread's slot of ``DedicatedConnections`` and nowhere else, so it is
+    freed the moment the thread ends, which runs the finalizer attached to it."""
+
+    __slots__ = ("__weakref__",)
 
 
 def _close_quietly(connection: object) -> None:

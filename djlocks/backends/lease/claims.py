@@ -54,6 +54,7 @@ class LeaseClaims(LeaseStore):
         """Try once to take a slot; clean up by token if the outcome is unknown."""
         token = secrets.token_hex(16)
         at_once = self._claim_at_once(request)
+        self._connections.discard_if_ended()  # a claim is not retried on a failed connection
         try:
             for _ in range(CLAIM_RETRIES):
                 sent = time.monotonic()  # the lease cannot start before the claim is sent

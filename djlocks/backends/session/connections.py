@@ -30,6 +30,7 @@ from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
+from djlocks.backends.push import hung_up
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import fork_safe_lock
 from djlocks.written import WrittenNames
@@ -143,11 +144,12 @@ class SessionStore(LockBackend):
         """From ``session``, end the session ``connection_id`` (only if it holds ``key``)."""
 
     def _checkout(self) -> Session:
-        with self._guard:
-            if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
-                self._idle, self._held, self._pid = [], {}, os.getpid()
-            if self._idle:
-                return self._idle.pop()
+        while (session := self._idle_session()) is not None:
+            # A session the server ended while it was idle (a restart, an administrator's
+            # kill, its idle time-out) held nothing: closed, and the next one tried.
+            if not hung_up(session.wrapper.connection.fileno()):
+                return session
+            session.close()
         session = self._open()
         if self._unshared_in_pid != os.getpid():
             try:
@@ -228,6 +230,13 @@ class SessionStore(LockBackend):
                 f"{self.using!r}: {exc}.{missing_table_hint(exc)}"
             ) from exc
         return session
+
+    def _idle_session(self) -> Session | None:
+        """An idle session of this process, taken out of the idle ones; ``None`` if none."""
+        with self._guard:
+            if self._pid != os.getpid():  # a forked child: the parent's sessions are not ours
+                self._idle, self._held, self._pid = [], {}, os.getpid()
+            return self._idle.pop() if self._idle else None
 
     def _checkin(self, session: Session) -> None:
         with self._guard:

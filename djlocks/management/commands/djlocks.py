@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.db import DatabaseError
 
 from djlocks import Lock
 from djlocks.arguments import normalize_idle_names, printable, validate_name, validate_text
@@ -61,9 +62,9 @@ class Command(BaseCommand):
     help = (
         "Inspect djlocks' locks and semaphores, release them by force, print a name's server "
         "lock key, sweep, stress-test. "
-        f"Exit status: {USAGE_ERROR} for bad usage; {EXIT_UNAVAILABLE} from list and show "
-        "when a store could not be asked (the reachable ones are still shown), and from "
-        "release when a store failed part-way."
+        f"Exit status: {USAGE_ERROR} for bad usage; {EXIT_UNAVAILABLE} when a database or "
+        "store could not be used (list and show still show the reachable ones; release "
+        "says how far it got)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -195,6 +196,11 @@ class Command(BaseCommand):
             getattr(self, subcommand)(**options)
         except (ImproperlyConfigured, ValueError) as exc:
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
+        except (BackendUnavailable, DatabaseError) as exc:  # a store or the history's database
+            raise CommandError(
+                f"djlocks {subcommand}: a database or store could not be used: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
 
     # -- list and show -------------------------------------------------------
 
