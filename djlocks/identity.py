@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import os
 import socket
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 
 from djlocks.arguments import MAX_LABEL_LENGTH, storable
+from djlocks.forksafe import fork_safe_lock
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,33 @@ def current_identity(label: str | None) -> Identity:
 
 def task_identity(label: str | None, task: asyncio.Task[object]) -> Identity:
     """Describe the asyncio ``task`` that acquires, from its event loop's thread: as
-    ``current_identity``, with the task's name and id in place of the thread's id,
-    ``"MainThread Task-5 (task 140234)"``. An async grant is its task's, whichever
-    thread its wait ran in: the session backends' deadlock check tells it from the
-    thread's other tasks by that id."""
+    ``current_identity``, with the task's name and number in place of the thread's id,
+    ``"MainThread Task-5 (task 4294967301)"``, within ``THREAD_LENGTH``. An async grant
+    is its task's, whichever thread its wait ran in: the session backends' deadlock
+    check tells it from the thread's other tasks by that number."""
     identity = current_identity(label)
     thread = identity.thread.rsplit(" (tid ", 1)[0]
-    task_name = storable(task.get_name(), 40)
-    return dataclasses.replace(identity, thread=f"{thread} {task_name} (task {id(task)})")
+    suffix = f" (task {_task_number(task)})"
+    described = f"{thread} {storable(task.get_name(), 40)}"[: THREAD_LENGTH - len(suffix)]
+    return dataclasses.replace(identity, thread=described + suffix)
+
+
+#: The longest ``thread`` the stores keep (the models' ``thread`` columns).
+THREAD_LENGTH = 100
+#: Tasks' numbers, per process: from 2**32 up, above every thread id (Linux's are below
+#: 2**22), and short enough for a session's description (PostgreSQL keeps 63 bytes).
+_task_numbers: weakref.WeakKeyDictionary[asyncio.Task[object], int] = weakref.WeakKeyDictionary()
+_next_task_number = itertools.count(1 << 32)
+_task_numbers_guard = fork_safe_lock()
+
+
+def _task_number(task: asyncio.Task[object]) -> int:
+    """``task``'s number in this process, given at its first acquire."""
+    with _task_numbers_guard:
+        number = _task_numbers.get(task)
+        if number is None:
+            number = _task_numbers[task] = next(_next_task_number)
+        return number
 
 
 #: Per thread: the last identity ``current_identity`` gathered, and what it was asked.

@@ -13,7 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import djlocks
-from djlocks import Lock, NotAcquired, NotHeld, Semaphore, db_lock, db_semaphore
+from djlocks import Lock, NotAcquired, NotHeld, Semaphore, background, db_lock, db_semaphore
 from djlocks.conf import events_database
 from djlocks.testing import use_locmem_backends
 
@@ -123,6 +123,7 @@ def test_the_history_is_where_the_routers_write_unless_its_database_is_named() -
     """As the backends' ``using``: a project that routes djlocks' tables to a database of
     their own finds its history there without naming it again."""
     assert events_database() == "default"
+    background.flush_all()  # no history of earlier tests is written meanwhile
     with override_settings(DATABASE_ROUTERS=[HistoryElsewhere()]):
         assert events_database() == "history"
         with override_settings(DJLOCKS={**settings.DJLOCKS, "EVENTS_DATABASE": "default"}):

@@ -98,7 +98,8 @@ class DedicatedConnections(threading.local):
             # interpreter exit: the thread may still run a statement on it (see
             # ``BackendHandler.stop_listeners``), and the operating system closes it.
             self._thread_end = _ThreadEnd()
-            weakref.finalize(self._thread_end, _close_quietly, wrapper.connection).atexit = False
+            ending = weakref.finalize(self._thread_end, _close_in, os.getpid(), wrapper.connection)
+            ending.atexit = False
             if self.on_connect is not None:
                 try:
                     self.on_connect(wrapper)
@@ -165,9 +166,8 @@ class DedicatedConnections(threading.local):
         restart, an administrator's kill, an idle time-out: its socket hung up), so that
         the next use opens a new one rather than fail where a retry is not safe."""
         wrapper = self._wrapper
-        driver = None if wrapper is None or self._pid != os.getpid() else wrapper.connection
-        socket = getattr(driver, "fileno", None)  # none on SQLite: no server to end it
-        if socket is not None and hung_up(socket()):
+        driver = wrapper.connection if wrapper is not None and self._pid == os.getpid() else None
+        if driver is not None and ended_by_the_server(driver):
             self.discard()
 
     def discard(self) -> None:
@@ -281,6 +281,29 @@ class _ThreadEnd:
     freed the moment the thread ends, which runs the finalizer attached to it."""
 
     __slots__ = ("__weakref__",)
+
+
+def _close_in(pid: int, connection: object) -> None:
+    """Close ``connection`` if this is the process ``pid`` that opened it. A forked child
+    frees the slots of its parent's other threads as it starts, before anything else
+    runs: closing their connections there would end the parent's sessions."""
+    if os.getpid() == pid:
+        _close_quietly(connection)
+
+
+def ended_by_the_server(driver: Any) -> bool:
+    """Whether the driver connection ``driver`` (psycopg's, mysqlclient's) can no longer
+    be used: closed, or its socket hung up by the server (``push.hung_up``, Linux only);
+    ``False`` for one without a socket (SQLite's)."""
+    if driver is None:
+        return True
+    socket = getattr(driver, "fileno", None)
+    if socket is None:
+        return False
+    try:
+        return hung_up(socket())
+    except Exception:  # a closed connection has no socket to ask
+        return True
 
 
 def _close_quietly(connection: object) -> None:

@@ -26,11 +26,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from djlocks.backends import aside
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
-from djlocks.backends.dedicated import DedicatedConnections
+from djlocks.backends.dedicated import DedicatedConnections, ended_by_the_server
 from djlocks.backends.driver import refuse_psycopg2
 from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
-from djlocks.backends.push import hung_up
 from djlocks.exceptions import BackendUnavailable
 from djlocks.forksafe import fork_safe_lock
 from djlocks.written import WrittenNames
@@ -147,7 +146,7 @@ class SessionStore(LockBackend):
         while (session := self._idle_session()) is not None:
             # A session the server ended while it was idle (a restart, an administrator's
             # kill, its idle time-out) held nothing: closed, and the next one tried.
-            if not hung_up(session.wrapper.connection.fileno()):
+            if not ended_by_the_server(session.wrapper.connection):
                 return session
             session.close()
         session = self._open()

@@ -122,8 +122,8 @@ class Command(BaseCommand):
             backend = backends[options["backend"]]  # ImproperlyConfigured if unknown
             if options["cooldown"] and not backend.capabilities.cooldowns:
                 raise ValueError(
-                    f"--cooldown needs a backend that can hold a released slot back (a lease "
-                    f"backend); djlocks backend {options['backend']!r} cannot."
+                    f"--cooldown needs a backend that can hold a released slot back (a "
+                    f"lease or Redis backend); djlocks backend {options['backend']!r} cannot."
                 )
             plan = RunLockedPlan(
                 name=options["name"],
