@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+import warnings
 from collections.abc import Collection
 from pathlib import Path
 
@@ -88,3 +89,11 @@ def advisory_lock_process(keys: Collection[int], *, granted: bool) -> tuple[int,
 
     until(look, "a session to hold or wait for the advisory lock", timeout=10)
     return found[0]
+
+
+def fork_beside_threads() -> int:
+    """``os.fork()`` in a process that runs threads, which Python 3.12+ warns of: the
+    child's pid in the parent, 0 in the child."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()

@@ -8,7 +8,6 @@ import gc
 import os
 import threading
 import time
-import warnings
 
 import pytest
 from django.db import DatabaseError, connection, connections
@@ -18,6 +17,7 @@ from djlocks.backends import aside, backends
 from djlocks.backends.dedicated import DedicatedConnections
 from djlocks.backends.sql.mysql import run_at_once, value_at_once
 from tests.faults import interrupted_after
+from tests.processes import fork_beside_threads
 
 pytestmark = [
     pytest.mark.usefixtures("store"),
@@ -260,9 +260,7 @@ def test_a_forked_child_leaves_the_connections_of_its_parents_threads_open() -> 
     thread.start()
     try:
         assert ready.wait(10)
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            child = os.fork()
+        child = fork_beside_threads()
         if child == 0:
             os._exit(0)
         os.waitpid(child, 0)

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 
 import pytest
@@ -30,7 +29,7 @@ from djlocks.grant import Grant
 from djlocks.inspection import force_release
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy
-from tests.processes import resume
+from tests.processes import fork_beside_threads, resume
 from tests.test_session_backends import kill_session
 from tests.workers import (
     CONTEXT,
@@ -184,9 +183,7 @@ def test_a_forked_child_never_uses_its_parents_grant(backend: str) -> None:
     I/O), does not get in through the parent's session, does not renew the parent's
     grant, and takes locks of its own; the parent holds on throughout."""
     with db_lock("c17", backend=backend, ttl=3) as grant:
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            child = os.fork()
+        child = fork_beside_threads()
         if child == 0:
             os._exit(_what_a_forked_child_may_do(grant, backend))
         _, status = os.waitpid(child, 0)
@@ -245,9 +242,7 @@ def test_a_forked_child_finds_every_guard_unlocked(backend: str) -> None:
     holder.start()
     try:
         assert holding.wait(10)
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork() beside threads
-            warnings.simplefilter("ignore", DeprecationWarning)
-            child = os.fork()
+        child = fork_beside_threads()
         if child == 0:
             signal.alarm(CHILD_SECONDS)
             try:
