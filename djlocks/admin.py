@@ -52,6 +52,7 @@ from djlocks.inspection import (
     snapshot,
 )
 from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
+from djlocks.moments import moment_text
 from djlocks.stuck import stuck_holders
 from djlocks.timeline import average_waiters, distributions, timeline
 
@@ -458,7 +459,7 @@ class DashboardAdmin(ReadOnlyAdmin):
             user = request.user.get_username()
             if store.capabilities.history:
                 events.cooldown_changed(backend, name, slot, until, operator=user, reason=reason)
-            change = f"until {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cleared"
+            change = f"until {moment_text(until)}" if until else "cleared"
             self.log_change(
                 request,
                 LockName(name=name, backend=backend),

@@ -236,10 +236,12 @@ def normalize_delay(delay: Seconds, what: str) -> float:
     return seconds
 
 
-def validate_limit(limit: object) -> int:
-    """Return a semaphore ``limit``: an int of at least 1."""
+def validate_limit(limit: object, what: str = "limit") -> int:
+    """Return a semaphore ``limit``: an int of at least 1. ``what`` names the argument in
+    the ``TypeError`` or ``ValueError``."""
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int, not {limit!r}.")
+        raise TypeError(f"{what} must be an int, not {limit!r}.")
     if limit < 1:
-        raise ValueError(f"limit must be at least 1 (got {limit}); a lock is a semaphore of 1.")
+        why = "; a lock is a semaphore of 1" if what == "limit" else ""
+        raise ValueError(f"{what} must be at least 1 (got {limit}){why}.")
     return limit

@@ -214,8 +214,9 @@ class Lock:
         """Wait for the lock (or a slot); return ``True`` if granted, ``False`` on time-out.
 
         ``timeout`` overrides the spec's (seconds; ``None`` forever; ``0`` once);
-        ``blocking=False`` is ``timeout=0``. Raises ``BackendUnavailable`` when
-        the store cannot be reached, ``AlreadyHeld`` on a ``limit`` mismatch.
+        ``blocking=False`` is ``timeout=0``, and passing both is a ``ValueError``. Raises
+        ``BackendUnavailable`` when the store cannot be reached, ``AlreadyHeld`` on a
+        ``limit`` mismatch.
         """
         return self.acquire_grant(blocking, timeout) is not None
 
@@ -236,9 +237,17 @@ class Lock:
         return self._traced(self._wait(blocking, timeout), abort, current_identity(self.label))
 
     def _wait(self, blocking: bool, timeout: Any) -> float | None:
-        """The seconds an acquire with these arguments waits (``None``: forever)."""
-        wait = self.timeout if timeout is _USE_SPEC else normalize_timeout(timeout)
-        return wait if blocking else 0.0
+        """The seconds an acquire with these arguments waits (``None``: forever).
+        ``ValueError`` for a ``timeout`` given with ``blocking=False``, as
+        ``threading.Lock.acquire`` raises: the call would not wait it."""
+        if timeout is _USE_SPEC:
+            return self.timeout if blocking else 0.0
+        if not blocking:
+            raise ValueError(
+                "A timeout was given with blocking=False, which never waits: pass one or "
+                "the other (blocking=False is timeout=0)."
+            )
+        return normalize_timeout(timeout)
 
     def _traced(self, wait: float | None, abort: Abort | None, identity: Identity) -> Grant | None:
         """``_acquire_grant`` in its tracing span."""

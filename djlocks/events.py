@@ -39,6 +39,7 @@ from djlocks.backends.missing_table import MIGRATE, is_missing_table
 from djlocks.backends.sql import postgresql
 from djlocks.conf import BACKGROUND, djlocks_settings, events_database
 from djlocks.kinds import Kind
+from djlocks.moments import moment_text
 from djlocks.percentiles import percentile
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class EventLog:
         operator: str,
         reason: str,
     ) -> None:
-        ends = f"cool-down now ends {until:%Y-%m-%d %H:%M:%S} UTC" if until else "cool-down cleared"
+        ends = f"cool-down now ends {moment_text(until)}" if until else "cool-down cleared"
         self.record(
             [
                 _event(

@@ -23,6 +23,7 @@ from djlocks.exceptions import LockLost, NotHeld, ReleaseRequested
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import Identity
 from djlocks.kinds import Kind
+from djlocks.moments import project_moment
 from djlocks.signals import lock_lost
 from djlocks.watchdog import watchdog
 
@@ -57,10 +58,12 @@ class Grant:
 
     ``fence`` (int) is strictly greater than every fence handed out earlier for
     the name; pass it to the protected resource (see ``djlocks.fencing``).
-    ``expires_at`` is the lease's expiry (an aware ``datetime``, refreshed by
-    each renewal) or ``None`` for grants that end with a session or transaction.
-    ``acquired_at`` (a ``datetime``, aware under ``USE_TZ``) and ``waited`` (seconds
-    spent in acquire) describe the grant in the event history.
+    ``expires_at`` is the lease's expiry by the store's clock (a ``datetime``,
+    refreshed by each renewal) or ``None`` for grants that end with a session or
+    transaction. ``acquired_at`` (a ``datetime``) and ``waited`` (seconds spent in
+    acquire) describe the grant in the event history. Both moments are in the
+    project's time, as ``django.utils.timezone.now()`` gives it: aware (UTC) under
+    ``USE_TZ``, naive local time otherwise.
     """
 
     def __init__(
@@ -80,7 +83,7 @@ class Grant:
         self.token = record.token
         self.slot = record.slot
         self.fence = record.fence
-        self.expires_at: datetime | None = record.expires_at
+        self.expires_at = _in_project_time(record.expires_at)
         self.ttl = ttl
         self.identity = identity
         # ``acquired_at`` shows the grant's moment by the wall clock, as USE_TZ is now.
@@ -296,7 +299,7 @@ class Grant:
             self._believe_until = self._within_max_hold(
                 renewal_started + length * (1 - BELIEF_MARGIN)
             )
-            self.expires_at = expires_at
+            self.expires_at = _in_project_time(expires_at)
             shortened = self._believe_until < believed_until
         if shortened:
             watchdog.moved_earlier(self)
@@ -413,3 +416,7 @@ class Grant:
         with self._guard:
             self._released = True
             return self._lost_reason
+
+
+def _in_project_time(moment: datetime | None) -> datetime | None:
+    return None if moment is None else project_moment(moment)

@@ -47,6 +47,7 @@ from djlocks.grant import Grant
 from djlocks.heartbeat import heartbeat
 from djlocks.identity import default_label
 from djlocks.leadership import RETRY_AFTER, election_name, refuse_short_holds
+from djlocks.moments import moment_text
 
 #: Exit status when the lock was not acquired (EX_TEMPFAIL); ``--conflict-exit-code`` changes it.
 EXIT_CONFLICT = 75
@@ -464,7 +465,7 @@ class Supervisor:
         if not holders:
             return "nobody (it is in a cool-down or others wait ahead)"
         return "; ".join(
-            printable(f"{h.host} pid {h.pid} since {h.since:%Y-%m-%d %H:%M:%S} ({h.label})")
+            printable(f"{h.host} pid {h.pid} since {moment_text(h.since)} ({h.label})")
             for h in holders
         )
 

@@ -74,7 +74,7 @@ class RWLock:
     ) -> None:
         self.name = validate_name(name)
         validate_name(RW_PREFIX + name + READERS)  # short enough for its parts' names
-        self.max_readers = validate_limit(max_readers)
+        self.max_readers = validate_limit(max_readers, "max_readers")
         self.timeout = normalize_timeout(timeout)
         self._gate = Lock(RW_PREFIX + name + GATE, **options)
         self._slots = Semaphore(RW_PREFIX + name + READERS, limit=self.max_readers, **options)

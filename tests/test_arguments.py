@@ -9,8 +9,10 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 
-from djlocks import Lock, Semaphore, db_lock, db_semaphore
+from djlocks import Lock, Semaphore, db_lock, db_rwlock, db_semaphore
 from djlocks.arguments import normalize_timeout
+from djlocks.backends.lease.backend import MAX_SLOTS
+from djlocks.models import LeaseSlot
 
 
 @pytest.mark.parametrize(
@@ -41,6 +43,27 @@ def test_lock_arguments_are_checked_at_construction(
 def test_semaphore_limit_must_be_a_positive_int(limit: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="limit"):
         Semaphore("x", limit=limit)  # type: ignore[arg-type]
+
+
+def test_a_readers_limit_is_named_as_such() -> None:
+    with pytest.raises(ValueError, match=r"^max_readers must be at least 1 \(got 0\)\.$"):
+        db_rwlock("x", max_readers=0)
+
+
+def test_a_timeout_with_blocking_false_is_refused_before_any_io() -> None:
+    # No db fixture: the refusal comes before the store is asked, as threading.Lock's.
+    with pytest.raises(ValueError, match="blocking=False"):
+        Lock("x").acquire(blocking=False, timeout=5)
+
+
+def test_a_lease_semaphore_too_large_is_refused_and_writes_nothing(
+    transactional_db: None,
+) -> None:
+    with pytest.raises(ValueError, match=f"at most {MAX_SLOTS} slots \\(got {MAX_SLOTS + 1}\\)"):
+        Semaphore("x", limit=MAX_SLOTS + 1, timeout=0).acquire()
+    assert not LeaseSlot.objects.exists()
+    with Semaphore("x", limit=MAX_SLOTS, timeout=0) as grant:
+        assert grant.slot == 0
 
 
 def test_timeouts_are_normalised_in_one_place() -> None:

@@ -13,6 +13,7 @@ from django.core.checks import CheckMessage, Error
 
 from djlocks.backends.waiting import Abort
 from djlocks.identity import Identity
+from djlocks.moments import project_moment
 
 T = TypeVar("T")
 
@@ -45,9 +46,19 @@ class GrantRecord:
     requested_at: float | None = None
 
 
+def _in_project_time(record: object, *fields: str) -> None:
+    """Set the moments ``fields`` of the frozen ``record`` in the project's time
+    (``djlocks.moments.project_moment``), whatever clock and driver gave them."""
+    for field in fields:
+        moment = getattr(record, field)
+        if moment is not None:
+            object.__setattr__(record, field, project_moment(moment))
+
+
 @dataclass(frozen=True)
 class HolderInfo:
-    """One live grant as the store records it."""
+    """One live grant as the store records it. Its moments are in the project's time:
+    aware (UTC) under ``USE_TZ``, naive local time otherwise."""
 
     name: str
     backend: str
@@ -69,10 +80,14 @@ class HolderInfo:
     #: session last ran a statement.
     recorded: bool = True
 
+    def __post_init__(self) -> None:
+        _in_project_time(self, "since", "expires_at")
+
 
 @dataclass(frozen=True)
 class WaiterInfo:
-    """One process blocked in ``acquire`` for a name, in queue order."""
+    """One process blocked in ``acquire`` for a name, in queue order, waiting ``since``
+    (in the project's time, as ``HolderInfo``)."""
 
     name: str
     backend: str
@@ -82,6 +97,9 @@ class WaiterInfo:
     thread: str
     label: str
     since: datetime
+
+    def __post_init__(self) -> None:
+        _in_project_time(self, "since")
 
 
 #: One waiter as a store lists it: name, host, pid, thread, label, waiting since.
@@ -101,12 +119,16 @@ def in_queue_order(backend: str, waiting: Iterable[Waiting]) -> list[WaiterInfo]
 
 @dataclass(frozen=True)
 class CooldownInfo:
-    """A released slot that may not be granted again before ``until`` (a cool-down)."""
+    """A released slot that may not be granted again before ``until`` (a cool-down, in
+    the project's time, as ``HolderInfo``)."""
 
     name: str
     backend: str
     slot: int
     until: datetime
+
+    def __post_init__(self) -> None:
+        _in_project_time(self, "until")
 
 
 @dataclass(frozen=True)

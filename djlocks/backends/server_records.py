@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.apps import apps
-from django.conf import settings
 from django.db import DatabaseError
 
 from djlocks import background
@@ -191,9 +190,10 @@ class HolderRecords:
 
 
 def _moment(seconds: float) -> datetime:
-    """The wall clock's ``seconds`` (``time.time``) as ``timezone.now()`` would have
-    given them then."""
-    return datetime.fromtimestamp(seconds, tz=UTC if settings.USE_TZ else None)
+    """The wall clock's ``seconds`` (``time.time``) as an aware UTC moment: the holder
+    rows hold UTC, whatever ``USE_TZ`` says, as the grants that the database's own clock
+    dates (``record_grant``)."""
+    return datetime.fromtimestamp(seconds, tz=UTC)
 
 
 #: The process's holder records of the backends that write them in the background.

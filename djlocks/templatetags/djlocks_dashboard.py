@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from django import template
+from django.utils import timezone
 
 register = template.Library()
 
@@ -34,5 +35,9 @@ def seconds(value: float | None) -> str:
 
 @register.filter
 def utc(value: datetime | None) -> str:
-    """An aware datetime as ``YYYY-MM-DD HH:MM:SS`` in UTC (an em dash for ``None``)."""
-    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    """A datetime as ``YYYY-MM-DD HH:MM:SS`` in UTC (an em dash for ``None``); a naive one
+    is local time (``TIME_ZONE``), as under ``USE_TZ = False``."""
+    if value is None:
+        return "—"
+    aware = value if timezone.is_aware(value) else timezone.make_aware(value)
+    return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")

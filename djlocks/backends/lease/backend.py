@@ -43,6 +43,10 @@ renew_log = logging.getLogger("djlocks.renew")
 NEWCOMER = 2**62
 
 
+#: The most slots a lease semaphore may have.
+MAX_SLOTS = 10_000
+
+
 class LeaseBackend(LeaseQueue, LeaseInspection):
     """Locks and semaphores as lease rows in a Django database.
 
@@ -95,6 +99,11 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
+        if request.limit > MAX_SLOTS:
+            raise ValueError(
+                f"A lease semaphore has at most {MAX_SLOTS} slots (got {request.limit}): each "
+                f"slot is a row, all made at the name's first grant."
+            )
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
         grant = self._claim(request, key, NEWCOMER)
@@ -187,7 +196,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
                 if d.returning:
                     cursor.execute(sql + " RETURNING expires_at", params)
                     row = cursor.fetchone()
-                    return (0, None) if row is None else (1, as_datetime(row[0]))
+                    return (0, None) if row is None else (1, as_datetime(row[0], db))
                 cursor.execute(sql, params)
                 estimate = datetime.now(UTC) + timedelta(seconds=ttl)  # wall clock ok
                 return int(cursor.rowcount), estimate
@@ -231,8 +240,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
             row = cursor.fetchone()
         if row is None or not row[0]:
             return row is not None
-        expires_at, store_now = as_datetime(row[1]), as_datetime(row[2])
-        assert expires_at is not None and store_now is not None
+        expires_at, store_now = as_datetime(row[1], db), as_datetime(row[2], db)
         left = max(0.0, (expires_at - store_now).total_seconds())
         return ReleaseRequested(
             f"An operator asked for the grant of {name!r} back: its lease ends in "

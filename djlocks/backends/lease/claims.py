@@ -146,7 +146,7 @@ class LeaseClaims(LeaseStore):
             row = self._outcome(db, sql + " RETURNING fence, expires_at", params)[0]
             if row is None:
                 return None
-            return GrantRecord(token, 0, int(row[0]), as_datetime(row[1]), requested_at=sent)
+            return GrantRecord(token, 0, int(row[0]), as_datetime(row[1], db), requested_at=sent)
         _, claimed, fence = self._outcome(db, sql, params)
         if claimed != 1:
             return None
@@ -182,7 +182,9 @@ class LeaseClaims(LeaseStore):
             row = claim(cursor, SLOTS, WAITERS, params)
         if row is None:
             return None
-        return GrantRecord(token, int(row[0]), int(row[1]), as_datetime(row[2]), requested_at=sent)
+        return GrantRecord(
+            token, int(row[0]), int(row[1]), as_datetime(row[2], db), requested_at=sent
+        )
 
     def _claim_slot(
         self,
@@ -236,7 +238,7 @@ class LeaseClaims(LeaseStore):
                 ),
             )
             cursor.execute(f"SELECT expires_at FROM {SLOTS} WHERE token = %s", (token,))
-            expires_at = as_datetime(cursor.fetchone()[0])
+            expires_at = as_datetime(cursor.fetchone()[0], db)
         if created:
             acquire_log.info("created %s slot(s) for %s", request.limit, request.name)
         return GrantRecord(token, slot, fence, expires_at, requested_at=sent)

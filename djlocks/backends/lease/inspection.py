@@ -10,11 +10,15 @@ from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING
 
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import DateTimeField
+from django.db.models.expressions import RawSQL
 
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo, in_queue_order
 from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.store import SLOTS, WAITERS, LeaseStore, transaction
+from djlocks.backends.sql import as_datetime
 from djlocks.events import events
 from djlocks.keys import table_key
 from djlocks.kinds import Kind
@@ -49,7 +53,7 @@ class LeaseInspection(LeaseStore):
         from djlocks.models import LeaseSlot
 
         live = LeaseSlot.objects.using(self.using).filter(
-            token__isnull=False, expires_at__gt=self._db_now()
+            token__isnull=False, expires_at__gt=self._store_now()
         )
         if name is not None:
             live = live.filter(key=table_key(name))
@@ -57,6 +61,7 @@ class LeaseInspection(LeaseStore):
 
     def _holders_in(self, rows: QuerySet[LeaseSlot]) -> list[HolderInfo]:
         """The grants of slot rows (read as plain tuples: the dashboard reads thousands)."""
+        moment = partial(as_datetime, db=connections[self.using])
         return [
             HolderInfo(
                 name=name,
@@ -67,8 +72,8 @@ class LeaseInspection(LeaseStore):
                 pid=pid or 0,
                 thread=thread,
                 label=label,
-                since=acquired or expires,
-                expires_at=expires,
+                since=moment(acquired or expires),
+                expires_at=moment(expires),
                 fence=fence,
                 token=token or "",
             )
@@ -76,6 +81,15 @@ class LeaseInspection(LeaseStore):
                 rows.values_list(*HOLDER_FIELDS)
             )
         ]
+
+    def _store_now(self) -> RawSQL:
+        """The database's current time, read once, to compare the lease columns with in
+        the ORM. It goes back as the driver read it, not through Django's conversions:
+        as the database wrote the columns (UTC), whatever ``USE_TZ`` says."""
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"SELECT {self.dialect.now}", ())
+            (now,) = cursor.fetchone()
+        return RawSQL("%s", (now,), output_field=DateTimeField())
 
     def names(self) -> list[tuple[str, int]]:
         from djlocks.models import LeaseSlot
@@ -86,22 +100,26 @@ class LeaseInspection(LeaseStore):
     def waiters(self, name: str | None = None) -> list[WaiterInfo]:
         from djlocks.models import LeaseWaiter
 
-        live = LeaseWaiter.objects.using(self.using).filter(expires_at__gt=self._db_now())
+        live = LeaseWaiter.objects.using(self.using).filter(expires_at__gt=self._store_now())
         if name is not None:
             live = live.filter(key=table_key(name))
         rows = live.order_by("name", "id").values_list(
             "name", "host", "pid", "thread", "label", "since"
         )
-        return in_queue_order(self.alias, rows)
+        db = connections[self.using]
+        return in_queue_order(self.alias, ((*row[:5], as_datetime(row[5], db)) for row in rows))
 
     def cooldowns(self, name: str | None = None) -> list[CooldownInfo]:
         from djlocks.models import LeaseSlot
 
-        cooling = LeaseSlot.objects.using(self.using).filter(cooldown_until__gt=self._db_now())
+        cooling = LeaseSlot.objects.using(self.using).filter(cooldown_until__gt=self._store_now())
         if name is not None:
             cooling = cooling.filter(key=table_key(name))
+        db = connections[self.using]
         return [
-            CooldownInfo(name=row.name, backend=self.alias, slot=row.slot, until=until)
+            CooldownInfo(
+                name=row.name, backend=self.alias, slot=row.slot, until=as_datetime(until, db)
+            )
             for row in cooling.order_by("name", "slot")
             if (until := row.cooldown_until) is not None
         ]
@@ -140,7 +158,7 @@ class LeaseInspection(LeaseStore):
             lambda db: self._execute(db, f"DELETE FROM {WAITERS} WHERE expires_at <= {now}", ())
         )
         expired = LeaseSlot.objects.using(self.using).filter(
-            token__isnull=False, expires_at__lte=self._db_now()
+            token__isnull=False, expires_at__lte=self._store_now()
         )
         ended = self._holders_in(expired)
         events.holders_ended(ended, Kind.EXPIRED, reason="the lease ran out without a release")

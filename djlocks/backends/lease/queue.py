@@ -492,7 +492,7 @@ class LeaseQueue(LeaseClaims):
             ahead, *handed = cursor.fetchone()
         if handed[0] is None:
             return int(ahead), None
-        return 0, _handed_record(request, heir_token, sent, handed)
+        return 0, _handed_record(db, request, heir_token, sent, handed)
 
     def _handed_grant(
         self, db: BaseDatabaseWrapper, request: AcquireRequest, heir_token: str
@@ -506,7 +506,7 @@ class LeaseQueue(LeaseClaims):
             f"FROM {SLOTS} WHERE token = %s AND expires_at > {self.dialect.now}",
             (heir_token,),
         )[0]
-        return None if handed is None else _handed_record(request, heir_token, sent, handed)
+        return None if handed is None else _handed_record(db, request, heir_token, sent, handed)
 
     def _handed_columns(self, table: str = "") -> str:
         """The columns of a handed slot that ``_handed_record`` reads, in its order, of the
@@ -523,12 +523,16 @@ class LeaseQueue(LeaseClaims):
 
 
 def _handed_record(
-    request: AcquireRequest, heir_token: str, sent: float, handed: Sequence[Any]
+    db: BaseDatabaseWrapper,
+    request: AcquireRequest,
+    heir_token: str,
+    sent: float,
+    handed: Sequence[Any],
 ) -> GrantRecord:
     """The grant of the slot handed over with ``heir_token``, from its row (slot, fence,
-    expiry, seconds left by the store's clock) read by a statement sent at ``sent``
+    expiry, seconds left by the store's clock) read from ``db`` by a statement sent at ``sent``
     (monotonic). The lease began when it was handed over, ``ttl - left`` seconds ago by
     the store's clock: the holder's belief counts from that long before ``sent``."""
     slot, fence, expires_at, left = handed
     began = sent - max(0.0, request.ttl - float(left))
-    return GrantRecord(heir_token, int(slot), int(fence), as_datetime(expires_at), None, began)
+    return GrantRecord(heir_token, int(slot), int(fence), as_datetime(expires_at, db), None, began)

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError
@@ -27,7 +26,7 @@ from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
 from djlocks.backends.push import PostgresListener
-from djlocks.backends.sql import database_now, lease_dialect
+from djlocks.backends.sql import lease_dialect
 from djlocks.backends.sql.dialects import LeaseDialect, Outcome
 from djlocks.backends.sql.postgresql import LEASE_REVOKED
 from djlocks.exceptions import BackendUnavailable
@@ -238,10 +237,6 @@ class LeaseStore(LockBackend):
         same round trip where the database can (``LeaseDialect.notifying``)."""
         notifying = self.dialect.notifying
         return update if notifying is None else notifying(update, WAITERS, waiters, holders)
-
-    def _db_now(self) -> datetime:
-        """The database's current time (UTC), for introspection queries."""
-        return database_now(self.using)
 
 
 @contextmanager

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
-from django.utils import timezone
 
 from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.row.dialect import Claim, RowDialect, cancellable
 from djlocks.backends.server_records import ROW_TABLES, known_names, record_grant, register_name
+from djlocks.backends.sql import as_datetime
 from djlocks.backends.waiting import Abort, poll_with_backoff, seconds_left
 from djlocks.exceptions import BackendUnavailable
 from djlocks.keys import table_key
@@ -229,7 +228,7 @@ class ServerRowDialect(RowDialect):
             pid=pid,
             thread=thread,
             label=label,
-            since=since if timezone.is_aware(since) else timezone.make_aware(since, UTC),
+            since=as_datetime(since, connections[self.backend.using]),
             expires_at=None,
             fence=fence,
             token=token,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
 from django.utils import timezone
 
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
@@ -24,6 +25,7 @@ from djlocks.backends.described import (
 from djlocks.backends.idle import remove_idle_records
 from djlocks.backends.server_records import SESSION_TABLES, holder_records, known_names
 from djlocks.backends.session.connections import Key, Session, SessionStore
+from djlocks.backends.sql import as_datetime
 from djlocks.keys import GATE, table_key
 
 
@@ -107,7 +109,7 @@ class SessionInspection(SessionStore):
             pid=row.pid,
             thread=row.thread,
             label=row.label,
-            since=row.acquired_at,
+            since=as_datetime(row.acquired_at, connections[self.using]),
             expires_at=None,
             fence=row.fence,
             token=row.token,

@@ -13,10 +13,13 @@ vendor backend runs stays beside it (the GET_LOCK backend's in
 
 from __future__ import annotations
 
+import zoneinfo
 from datetime import UTC, datetime
 from types import ModuleType
 
-from django.db import connections
+from django.conf import settings
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from djlocks.backends.sql.dialects import LeaseDialect
@@ -54,18 +57,19 @@ def lease_dialect(vendor: str) -> LeaseDialect:
     return dialect
 
 
-def database_now(using: str) -> datetime:
-    """The database's own current time (UTC), for introspection and sweeps."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"SELECT {lease_dialect(connections[using].vendor).now}", ())
-        moment = as_datetime(cursor.fetchone()[0])
-    assert moment is not None
-    return moment
+def as_datetime(value: object, db: BaseDatabaseWrapper) -> datetime:
+    """A moment read from ``db`` (through a cursor or the ORM) as an aware datetime.
 
-
-def as_datetime(value: object) -> datetime | None:
-    """A moment read from the database as an aware datetime (SQLite returns text)."""
-    moment = value if value is None or isinstance(value, datetime) else parse_datetime(str(value))
-    if moment is not None and moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment
+    djlocks writes its moments by the database's UTC clock, so a naive value is UTC
+    (SQLite returns text), except on a database that stores time zones (PostgreSQL)
+    under ``USE_TZ = False``: Django reads those as naive times in the connection's
+    time zone, ``TIME_ZONE``.
+    """
+    moment = value if isinstance(value, datetime) else parse_datetime(str(value))
+    if moment is None:
+        raise ValueError(f"{value!r} read from {db.alias!r} is not a moment.")
+    if timezone.is_aware(moment):
+        return moment
+    if db.features.supports_timezones and not settings.USE_TZ:
+        return timezone.make_aware(moment, zoneinfo.ZoneInfo(db.timezone_name))
+    return moment.replace(tzinfo=UTC)

@@ -31,6 +31,7 @@ from djlocks.inspection import (
 )
 from djlocks.keys import GATE, table_key
 from djlocks.metrics import exposition
+from djlocks.moments import moment_text
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import MODES as STRESS_MODES
 from djlocks.stress import MULTI_NAMES, MULTI_SET, StressPlan, run_stress
@@ -234,21 +235,22 @@ class Command(BaseCommand):
 
     def _print_lines(self, found: Snapshot, nothing: str) -> None:
         for h in found.holders:
-            expiry = "session" if h.expires_at is None else f"{h.expires_at:%H:%M:%S}"
+            expiry = "session" if h.expires_at is None else moment_text(h.expires_at, "%H:%M:%S")
             connection = "" if h.connection_id is None else f"  connection {h.connection_id}"
             self._say(
                 f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {_fence(h)}  "
-                f"{h.host}:{h.pid} {h.thread}  since {h.since:%Y-%m-%d %H:%M:%S}  "
+                f"{h.host}:{h.pid} {h.thread}  since {moment_text(h.since)}  "
                 f"expires {expiry}{connection}  {h.label}"
                 + ("" if h.recorded else "  (server's view: record not written yet)")
             )
         for w in found.waiters:
             self._say(
                 f"{w.backend}  {w.name}  waiter #{w.position}  {w.host}:{w.pid} {w.thread}  "
-                f"since {w.since:%Y-%m-%d %H:%M:%S}  {w.label}"
+                f"since {moment_text(w.since)}  {w.label}"
             )
         for c in found.cooldowns:
-            self._say(f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {c.until:%H:%M:%S}")
+            until = moment_text(c.until, "%H:%M:%S")
+            self._say(f"{c.backend}  {c.name}  slot {c.slot}  cool-down until {until}")
         if found.empty and not found.unavailable:
             self._say(nothing)
 
@@ -285,7 +287,7 @@ class Command(BaseCommand):
         for h in holders:
             self._say(
                 f"{h.backend}  {h.name}  slot {h.slot}  fence {_fence(h)}  "
-                f"held by {h.host}:{h.pid} since {h.since:%Y-%m-%d %H:%M:%S}  {h.label}"
+                f"held by {h.host}:{h.pid} since {moment_text(h.since)}  {h.label}"
             )
         if graceful:
             self._release_gracefully(

@@ -1,0 +1,38 @@
+"""Moments (``datetime``) as the project's time-zone settings shape them, and as text.
+
+djlocks hands every moment out (a grant's ``acquired_at`` and ``expires_at``, the
+holders, waiters and cool-downs that the inspection lists) as
+``django.utils.timezone.now()`` gives it in the project: aware (UTC) under
+``USE_TZ = True``, naive local time (``TIME_ZONE``) under ``USE_TZ = False``. So a
+moment compares with ``timezone.now()`` and saves into the project's own
+``DateTimeField`` under either setting, as Django's time-zone documentation asks
+of every datetime in a project.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.utils import timezone
+
+
+def project_moment(moment: datetime) -> datetime:
+    """``moment`` as ``timezone.now()`` gives moments: under ``USE_TZ = False``, an aware
+    ``moment`` becomes naive local time (``TIME_ZONE``); a naive one is taken to be
+    local time already. Under ``USE_TZ = True`` an aware ``moment`` is returned as it is,
+    and a naive one is taken to be UTC."""
+    if settings.USE_TZ:
+        return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+    if timezone.is_naive(moment):
+        return moment
+    return timezone.make_naive(moment, timezone.get_default_timezone())
+
+
+def moment_text(moment: datetime, form: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """``moment`` written with ``form`` (``strftime``) and its time zone, which a bare
+    time leaves to guesswork: ``UTC`` for an aware moment (shown in UTC), the
+    project's ``TIME_ZONE`` for a naive one (local time, ``USE_TZ = False``)."""
+    if timezone.is_naive(moment):
+        return f"{moment:{form}} {settings.TIME_ZONE}"
+    return f"{moment.astimezone(UTC):{form}} UTC"
