@@ -351,9 +351,9 @@ class Lock:
 
         Waits in one of djlocks' threads (``async_waits``), so the event loop keeps
         running; the grant is the awaiting task's (the session backends' deadlock
-        check tells it from the thread's other tasks). Cancelling
-        the awaiting task ends the wait and gives back a grant that arrived
-        meanwhile. Same arguments, result and exceptions as ``acquire()``, plus
+        check tells it from the thread's other tasks). Cancelling the awaiting task
+        ends the wait (at once if it still queues for a thread) and gives back a grant
+        that arrived meanwhile. Same arguments, result and exceptions as ``acquire()``, plus
         ``TypeError`` for a backend whose grants live in the calling thread's
         transaction (the row backend).
         """
@@ -380,8 +380,13 @@ class Lock:
         task = asyncio.current_task()
         identity = current_identity(self.label) if task is None else task_identity(self.label, task)
         queued = time.monotonic()
+        # Taken by the wait thread as it starts the acquire, or first by a cancellation
+        # while the acquire still queues for a thread: then it never starts.
+        started = threading.Lock()
 
         def in_a_wait_thread() -> Grant | None:
+            if not started.acquire(blocking=False):
+                return None  # cancelled while queued
             left = None if wait is None else max(0.0, wait - (time.monotonic() - queued))
             return self._traced(left, abort, identity)
 
@@ -391,6 +396,8 @@ class Lock:
         try:
             grant = await asyncio.shield(attempt)
         except asyncio.CancelledError:
+            if started.acquire(blocking=False):
+                raise  # no thread took it up: nothing waits, nothing to give back
             abort.set()
             late = await attempt
             if late is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import os
 import queue
 import random
 import threading
@@ -27,7 +28,7 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import override_settings
 
-from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore, db_locks
+from djlocks import Lock, LockLost, NotAcquired, NotHeld, Semaphore, async_waits, db_locks
 from djlocks.backends import backends
 from djlocks.backends.base import Capabilities
 from djlocks.backends.push import hung_up
@@ -315,6 +316,44 @@ def test_more_tasks_wait_than_the_event_loops_executor_has_threads(backend: str)
     outcomes, took = asyncio.run(in_turn())
     assert outcomes == [None] * 8
     assert took < 8, f"8 holds of 20 ms took {took:.1f} s"
+
+
+@shared
+def test_a_task_cancelled_while_queued_for_a_wait_thread_leaves_at_once(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one wait thread, taken by a task waiting 30 s for a held name, a second
+    task queued behind it is cancelled: the cancellation ends at once, not when the
+    thread is free, and the queued acquire never runs. (It waited for the thread.)"""
+    if can(backend).in_caller_transaction:
+        pytest.skip("not applicable: async acquires are refused (the previous test)")
+    one_thread = ThreadPoolExecutor(1)
+    monkeypatch.setattr(async_waits, "_threads", (os.getpid(), one_thread))
+    name = "contract:queued-cancel"
+
+    async def cancel_the_queued() -> float:
+        first = asyncio.ensure_future(Lock(name, backend=backend, ttl=30).aacquire(timeout=30))
+        await asyncio.sleep(0.2)  # the first takes the only wait thread
+        queued = asyncio.ensure_future(Lock(name, backend=backend, ttl=30).aacquire())
+        await asyncio.sleep(0.2)
+        began = time.monotonic()
+        queued.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(queued, timeout=10)
+        took = time.monotonic() - began
+        assert queued.cancelled()
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await first
+        return took
+
+    with Lock(name, backend=backend, ttl=30):
+        took = asyncio.run(cancel_the_queued())
+    one_thread.shutdown()
+    assert took < 10, f"the cancellation waited {took:.1f} s for the wait thread"
+    assert backends[backend].waiters(name) == []
+    with Lock(name, backend=backend, ttl=30, timeout=0):
+        pass
 
 
 @shared

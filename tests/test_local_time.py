@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import connections
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -115,6 +116,8 @@ def _wait_for(name: str, backend: str) -> None:
             pass
     except NotAcquired:
         pass
+    finally:
+        connections.close_all()  # this thread's own
 
 
 @pytest.mark.usefixtures("local_time")
