@@ -51,15 +51,17 @@ test: setup test-sqlite test-postgresql test-mysql
 # The SQLite leg also runs the lease tests on a private Redis Cluster, which
 # tests/redis_cluster.py starts around the run.
 test-sqlite: setup
-	DJLOCKS_DB=sqlite $(PY) -m tests.redis_cluster $(PY) -m pytest
+	DJLOCKS_DB=sqlite $(PY) -m tests.redis_cluster $(PY) -m pytest -m "not one_database"
 
 # The Redis backend's tests (marker redis_store) use the database only for the history,
 # so the SQLite leg runs them and the server legs leave them out: Redis is tested once.
+# What is the same on every database (marker one_database: real gunicorn, uvicorn and
+# Celery workers, runlocked's strength tests) runs in the PostgreSQL leg only.
 test-postgresql: setup
 	DJLOCKS_DB=postgresql $(PY) -m pytest -m "not redis_store"
 
 test-mysql: setup
-	DJLOCKS_DB=mysql $(PY) -m pytest -m "not redis_store"
+	DJLOCKS_DB=mysql $(PY) -m pytest -m "not redis_store and not one_database"
 
 # The fault catalogue (tests/catalogue.py): its tests (part of `make test`) on the three databases,
 # the SQLite leg with the Redis Cluster as in `make test-sqlite`, ROUNDS times in a row, then

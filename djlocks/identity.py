@@ -50,7 +50,7 @@ def current_identity(label: str | None) -> Identity:
     identity = Identity(
         host=storable(socket.gethostname(), 255),
         pid=os.getpid(),
-        thread=f"{thread} (tid {threading.get_native_id()})",
+        thread=f"{thread} {numbered(threading.get_native_id())}",
         label=label if label is not None else default_label(" ".join(sys.argv)),
     )
     _known.last = (asked, identity)
@@ -65,18 +65,26 @@ def task_identity(label: str | None, task: asyncio.Task[object]) -> Identity:
     check tells it from the thread's other tasks by that number."""
     identity = current_identity(label)
     thread = identity.thread.rsplit(" (tid ", 1)[0]
-    suffix = f" (task {_task_number(task)})"
+    suffix = f" {numbered(_task_number(task))}"
     described = f"{thread} {storable(task.get_name(), 40)}"[: THREAD_LENGTH - len(suffix)]
     return dataclasses.replace(identity, thread=described + suffix)
 
 
 #: The longest ``thread`` the stores keep (the models' ``thread`` columns).
 THREAD_LENGTH = 100
-#: Tasks' numbers, per process: from 2**32 up, above every thread id (Linux's are below
-#: 2**22), and short enough for a session's description (PostgreSQL keeps 63 bytes).
+#: The first of the tasks' numbers, which count per process from 2**32 up: above every
+#: thread id (Linux's are below 2**22), and short enough for a session's description
+#: (PostgreSQL keeps 63 bytes).
+FIRST_TASK_NUMBER = 1 << 32
 _task_numbers: weakref.WeakKeyDictionary[asyncio.Task[object], int] = weakref.WeakKeyDictionary()
-_next_task_number = itertools.count(1 << 32)
+_next_task_number = itertools.count(FIRST_TASK_NUMBER)
 _task_numbers_guard = fork_safe_lock()
+
+
+def numbered(number: int) -> str:
+    """How an identity's ``thread`` ends: ``(tid N)`` for a thread's operating-system id,
+    ``(task N)`` for an asyncio task's number (``FIRST_TASK_NUMBER`` and up)."""
+    return f"(task {number})" if number >= FIRST_TASK_NUMBER else f"(tid {number})"
 
 
 def _task_number(task: asyncio.Task[object]) -> int:

@@ -42,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "one_database: what it tests is the same on every database (real workers, the "
+        "command line's strength tests); `make test` runs it in the PostgreSQL leg only",
+    )
+    config.addinivalue_line(
+        "markers",
         "strength: a strength test, many processes contending for a store; `make "
         "test-newest` leaves these out: they test the stores, not Django",
     )

@@ -69,14 +69,15 @@ def test_moments_are_local_time_and_the_operators_tools_work(
 ) -> None:
     name = f"local-time:{backend}"
     store = backends[backend]
-    waiting = threading.Thread(target=_wait_for, args=(name, backend), daemon=True)
+    waiter_ids: list[int] = []
+    waiting = threading.Thread(target=_wait_for, args=(name, backend, waiter_ids), daemon=True)
     with Lock(name, backend=backend, ttl=30, label="local") as grant:
         assert_local_now(grant.acquired_at, "Grant.acquired_at")
         if store.capabilities.crash_release == "ttl":
             assert_local_now(grant.expires_at - timedelta(seconds=30), "Grant.expires_at - ttl")
         waiting.start()
         if store.capabilities.forced_release:  # (row locks on SQLite show no holder)
-            _inspect(store, name, backend)
+            _inspect(store, name, backend, waiter_ids)
         for page in (
             reverse("admin:djlocks_lockname_changelist"),
             reverse("admin:djlocks_overview_json"),
@@ -90,9 +91,9 @@ def test_moments_are_local_time_and_the_operators_tools_work(
     assert "1 expired" not in djlocks("sweep")
 
 
-def _inspect(store: LockBackend, name: str, backend: str) -> None:
+def _inspect(store: LockBackend, name: str, backend: str, waiter_ids: list[int]) -> None:
     """What the store, ``djlocks list`` and ``show`` say of ``name``'s holder and its
-    waiter (``_wait_for``), once the waiter is queued."""
+    waiter (``_wait_for``, whose thread id is in ``waiter_ids``), once it is queued."""
     deadline = time.monotonic() + 20
     while not store.waiters(name):
         assert time.monotonic() < deadline, "the waiter never queued"
@@ -103,14 +104,17 @@ def _inspect(store: LockBackend, name: str, backend: str) -> None:
         assert_local_now(holder.expires_at - timedelta(seconds=30), "HolderInfo.expires_at - ttl")
     (waiter,) = store.waiters(name)
     assert_local_now(waiter.since, "WaiterInfo.since")
+    assert waiter.thread.endswith(f"(tid {waiter_ids[0]})"), waiter.thread
     listed = djlocks("list", "--backend", backend)
     assert f"since {holder.since:%Y-%m-%d %H:%M:%S} {FAR_FROM_UTC}" in listed, listed
     assert f"since {waiter.since:%Y-%m-%d %H:%M:%S} {FAR_FROM_UTC}" in listed, listed
     assert f"since {holder.since:%Y-%m-%d %H:%M:%S}" in djlocks("show", name, "--backend", backend)
 
 
-def _wait_for(name: str, backend: str) -> None:
-    """Queue for ``name`` until its holder lets go (a waiter for the inspection)."""
+def _wait_for(name: str, backend: str, ids: list[int]) -> None:
+    """Queue for ``name`` until its holder lets go (a waiter for the inspection); say
+    which thread waits in ``ids``."""
+    ids.append(threading.get_native_id())
     try:
         with Lock(name, backend=backend, ttl=30, timeout=20, label="waiting"):
             pass

@@ -350,18 +350,24 @@ def test_a_holder_learns_of_a_forced_release_within_a_heartbeat(
     backend: str, bounds: Callable[[str, float], None]
 ) -> None:
     """After a forced release the holder's heartbeat (every TTL/3) finds the grant gone
-    and says so (``on_lost``); its own release then raises LockLost."""
+    and says so (``on_lost``), naming a forced release as a cause; its own release
+    then raises LockLost."""
     ttl = 1.5
     lost_at: list[float] = []
-    grant = db_lock(
-        "c23", backend=backend, ttl=ttl, on_lost=lambda *_: lost_at.append(time.monotonic())
-    ).acquire_grant()
+    reasons: list[str] = []
+
+    def lost(_: Grant, reason: str) -> None:
+        reasons.append(reason)
+        lost_at.append(time.monotonic())
+
+    grant = db_lock("c23", backend=backend, ttl=ttl, on_lost=lost).acquire_grant()
     assert grant is not None
     began = time.monotonic()
     assert len(force_release(backends[backend].holders("c23"))) == 1
     learned = seconds_until_lost(lost_at, began)
     assert learned < ttl / 3 + 0.3, learned
     bounds(f"holder learns of a forced release after (TTL {ttl} s)", learned)
+    assert "by force" in reasons[0], reasons
     with pytest.raises(LockLost):
         grant.release()
 

@@ -171,6 +171,7 @@ def test_bad_usage_exits_2_with_a_message(arguments: list[str]) -> None:
 
 
 @pytest.mark.strength
+@pytest.mark.one_database
 def test_runlocked_lock_strength_test_with_8_processes() -> None:
     plan = StressPlan("default", processes=8, iterations=4, via="runlocked")
     result = run_stress(plan, timeout=240)
@@ -179,6 +180,7 @@ def test_runlocked_lock_strength_test_with_8_processes() -> None:
 
 
 @pytest.mark.strength
+@pytest.mark.one_database
 def test_runlocked_limit_3_with_8_processes_reaches_3_never_more() -> None:
     # Each run starts a Django process (about a second on a loaded 2-core
     # machine); holds of 0-1.2 s make three at once certain, not lucky.

@@ -229,6 +229,7 @@ def celery_worker(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.mark.real_workers
+@pytest.mark.one_database
 def test_celery_runs_one_per_user_at_a_time_retrying_the_busy_ones(
     celery_worker: Any, tmp_path: Path
 ) -> None:
@@ -241,6 +242,7 @@ def test_celery_runs_one_per_user_at_a_time_retrying_the_busy_ones(
 
 
 @pytest.mark.real_workers
+@pytest.mark.one_database
 def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
     celery_worker: Any, tmp_path: Path
 ) -> None:
@@ -259,6 +261,7 @@ def test_a_run_killed_at_its_hard_time_limit_frees_its_slot_within_its_ttl(
 
 
 @pytest.mark.real_workers
+@pytest.mark.one_database
 def test_celery_enqueue_once_refuses_a_key_queued_or_running(
     celery_worker: Any, tmp_path: Path
 ) -> None:

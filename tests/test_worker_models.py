@@ -35,6 +35,7 @@ pytestmark = [
     pytest.mark.usefixtures("store"),
     pytest.mark.timeout(240),
     pytest.mark.real_workers,
+    pytest.mark.one_database,
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from djlocks.backends.base import AcquireRequest, WaiterInfo, in_queue_order
 from djlocks.backends.session_deadlocks import Owner, owner_of
+from djlocks.identity import numbered
 
 
 def describe(request: AcquireRequest) -> str:
@@ -34,6 +35,13 @@ def parse_description(text: str) -> tuple[str, int, str]:
     if found is None:
         return "", 0, text or ""
     return found["host"], int(found["pid"]), found["label"]
+
+
+def thread_described(text: str) -> str:
+    """The waiting or holding thread (``(tid N)``) or task (``(task N)``) in
+    ``describe``'s text; empty where the text names none."""
+    owner = owner_described(text)
+    return "" if owner is None else numbered(owner[2])
 
 
 def fence_described(text: str | None) -> int | None:
@@ -66,5 +74,5 @@ def queue_order(alias: str, rows: Sequence[tuple[str | None, str, datetime]]) ->
     for name, description, since in rows:
         if name is not None:
             host, pid, label = parse_description(description)
-            waiting.append((name, host, pid, "", label, since))
+            waiting.append((name, host, pid, thread_described(description), label, since))
     return in_queue_order(alias, waiting)

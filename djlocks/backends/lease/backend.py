@@ -45,6 +45,9 @@ NEWCOMER = 2**62
 
 #: The most slots a lease semaphore may have.
 MAX_SLOTS = 10_000
+#: Why a grant ended before its release or renewal, as ``LockLost`` says.
+LEASE_RAN_OUT = "its lease ran out without a renewal"
+TAKEN_AWAY = "an operator released it by force, or its lease ran out and the slot was taken"
 
 
 class LeaseBackend(LeaseQueue, LeaseInspection):
@@ -157,7 +160,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
                 (token,),
             )
         )
-        reason = "its lease expired" if expired else "it was released by force or taken over"
+        reason = LEASE_RAN_OUT if expired else TAKEN_AWAY
         raise LockLost(f"The grant of {name!r} had ended before release: {reason}.")
 
     def _release_plainly(self, token: str, cooldown: float, *, only_if_nobody_waits: bool) -> int:
@@ -210,7 +213,15 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
             raise standing
         if standing:  # a claim cleared release_by between the two statements: not this grant's
             raise BackendUnavailable(f"The renewal of {name!r} raced with a claim; retry.")
-        raise LockLost(f"The lease on {name!r} could not be renewed: it had already ended.")
+        raise LockLost(f"The lease on {name!r} could not be renewed: {self._why_ended(token)}.")
+
+    def _why_ended(self, token: str) -> str:
+        """Why the grant ``token`` is not live: its row still holds the token (the lease
+        ran out, and nobody has taken the slot since) or not (``TAKEN_AWAY``)."""
+        row = self._run(
+            lambda db: self._outcome(db, f"SELECT 1 FROM {SLOTS} WHERE token = %s", (token,))[0]
+        )
+        return TAKEN_AWAY if row is None else LEASE_RAN_OUT
 
     def _extend_to_release_by(
         self, db: BaseDatabaseWrapper, name: str, token: str, ttl: float

@@ -199,7 +199,10 @@ class SessionBackend(SessionClaims, SessionInspection):
                 held = self._held.pop(token, None)
             if held is not None:
                 held.session.close()
-            raise LockLost(f"The session holding {name!r} ended or no longer holds it.")
+            raise LockLost(
+                f"The session holding {name!r} ended or no longer holds it: an operator "
+                f"released it by force or killed the session, or its connection failed."
+            )
         return None  # a session grant has no expiry
 
     def watch(

@@ -18,9 +18,9 @@ from django.utils import timezone
 from djlocks.backends.base import CooldownInfo, HolderInfo, WaiterInfo
 from djlocks.backends.described import (
     fence_described,
-    owner_described,
     parse_description,
     queue_order,
+    thread_described,
 )
 from djlocks.backends.idle import remove_idle_records
 from djlocks.backends.server_records import SESSION_TABLES, holder_records, known_names
@@ -121,7 +121,6 @@ class SessionInspection(SessionStore):
     ) -> HolderInfo:
         host, pid, label = parse_description(holding.description or "")
         host = host or holding.address or ""
-        owner = owner_described(holding.description or "")
         return HolderInfo(
             name=name,
             backend=self.alias,
@@ -129,7 +128,7 @@ class SessionInspection(SessionStore):
             limit=limit,
             host=host,
             pid=pid,
-            thread="" if owner is None else f"(tid {owner[2]})",
+            thread=thread_described(holding.description or ""),
             label=label,
             since=holding.since or timezone.now(),
             expires_at=None,
