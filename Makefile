@@ -56,7 +56,8 @@ test-sqlite: setup
 # The Redis backend's tests (marker redis_store) use the database only for the history,
 # so the SQLite leg runs them and the server legs leave them out: Redis is tested once.
 # What is the same on every database (marker one_database: real gunicorn, uvicorn and
-# Celery workers, runlocked's strength tests) runs in the PostgreSQL leg only.
+# Celery workers whose renewals do not depend on the driver, runlocked's strength tests)
+# runs in the PostgreSQL leg only.
 test-postgresql: setup
 	DJLOCKS_DB=postgresql $(PY) -m pytest -m "not redis_store"
 

@@ -52,7 +52,7 @@ from djlocks.inspection import (
     snapshot,
 )
 from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
-from djlocks.moments import moment_text
+from djlocks.moments import MomentEncoder, moment_text
 from djlocks.stuck import stuck_holders
 from djlocks.timeline import average_waiters, distributions, timeline
 
@@ -206,7 +206,8 @@ class DashboardAdmin(ReadOnlyAdmin):
                 "leaderships": _linked(found.leaderships, now, query),
                 "readers_writers": _linked(found.readers_writers, now, query),
                 "unavailable": found.unavailable,
-            }
+            },
+            encoder=MomentEncoder,
         )
 
     def _overview_page(self, request: HttpRequest) -> tuple[Page[Any], dict[str, str], Overview]:
@@ -282,7 +283,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/djlocks/dashboard/name.html", context)
 
     def name_json(self, request: HttpRequest) -> JsonResponse:
-        return JsonResponse(self._name_data(request)[0])
+        return JsonResponse(self._name_data(request)[0], encoder=MomentEncoder)
 
     def _name_data(self, request: HttpRequest) -> tuple[dict[str, Any], Snapshot]:
         """What the name's page shows, and the stores' answer it was made from."""

@@ -214,7 +214,7 @@ class Lock:
         """Wait for the lock (or a slot); return ``True`` if granted, ``False`` on time-out.
 
         ``timeout`` overrides the spec's (seconds; ``None`` forever; ``0`` once);
-        ``blocking=False`` is ``timeout=0``, and passing both is a ``ValueError``. Raises
+        ``blocking=False`` is ``timeout=0``, and another timeout with it a ``ValueError``. Raises
         ``BackendUnavailable`` when the store cannot be reached, ``AlreadyHeld`` on a
         ``limit`` mismatch.
         """
@@ -238,16 +238,17 @@ class Lock:
 
     def _wait(self, blocking: bool, timeout: Any) -> float | None:
         """The seconds an acquire with these arguments waits (``None``: forever).
-        ``ValueError`` for a ``timeout`` given with ``blocking=False``, as
-        ``threading.Lock.acquire`` raises: the call would not wait it."""
+        ``ValueError`` for a ``timeout`` other than 0 given with ``blocking=False``,
+        as ``threading.Lock.acquire`` raises: the call would not wait it."""
         if timeout is _USE_SPEC:
             return self.timeout if blocking else 0.0
-        if not blocking:
+        wait = normalize_timeout(timeout)
+        if not blocking and wait != 0:
             raise ValueError(
-                "A timeout was given with blocking=False, which never waits: pass one or "
-                "the other (blocking=False is timeout=0)."
+                f"A timeout of {timeout!r} was given with blocking=False, which never waits: "
+                f"pass one or the other (blocking=False is timeout=0)."
             )
-        return normalize_timeout(timeout)
+        return wait
 
     def _traced(self, wait: float | None, abort: Abort | None, identity: Identity) -> Grant | None:
         """``_acquire_grant`` in its tracing span."""
@@ -399,9 +400,11 @@ class Lock:
             if started.acquire(blocking=False):
                 raise  # no thread took it up: nothing waits, nothing to give back
             abort.set()
-            late = await attempt
+            late = await _to_its_end(attempt)
             if late is not None:
-                await sync_to_async(late.release, thread_sensitive=False)()
+                await _to_its_end(
+                    asyncio.ensure_future(sync_to_async(late.release, thread_sensitive=False)())
+                )
             raise
         if grant is not None:
             self._move_to_current_task(grant)
@@ -526,3 +529,15 @@ def db_semaphore(
     Also a decorator, like ``db_lock``. Keyword arguments are those of ``Lock``.
     """
     return Semaphore(name, limit=limit, **options)
+
+
+async def _to_its_end(work: asyncio.Future[T]) -> T | None:
+    """Await ``work`` until it ends, however often the awaiting task is cancelled again
+    meanwhile (a cancelled acquire's wait and its late grant's release must still end
+    here, or the grant would be kept); its result, or ``None`` if it failed."""
+    while not work.done():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(work)
+    if work.cancelled() or work.exception() is not None:
+        return None
+    return work.result()

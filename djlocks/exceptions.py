@@ -43,10 +43,11 @@ class ReleaseRequested(LockLost):
     The grant is still held: the store keeps it until the holder releases it,
     or until the operator's wait runs out, whichever comes first.
     ``seconds_left`` (float) is how long it may last at most, measured by the
-    store when it answered; ``expires_at`` (aware ``datetime`` or ``None``) is
-    that end. Raised by ``Grant.check()`` (and by a backend's ``renew`` and
-    ``is_held``); a subclass of ``LockLost``, so that a loop that stops on a
-    lost grant stops here too. Release the grant to let the next waiter in.
+    store when it answered; ``expires_at`` (``datetime`` or ``None``) is
+    that end, in the project's time as ``Grant.expires_at``. Raised by
+    ``Grant.check()`` (and by a backend's ``renew`` and ``is_held``); a subclass of
+    ``LockLost``, so that a loop that stops on a lost grant stops here too. Release
+    the grant to let the next waiter in.
     """
 
     def __init__(

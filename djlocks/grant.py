@@ -165,7 +165,8 @@ class Grant:
             except LockLost as exc:
                 self.mark_lost(str(exc))
         if self._lost_reason is not None:
-            raise LockLost(f"The grant of {self.name!r} was lost: {self._lost_reason}.")
+            reason = self._lost_reason.rstrip(".")
+            raise LockLost(f"The grant of {self.name!r} was lost: {reason}.")
         if self._release_requested:
             left = max(0.0, self._believe_until - time.monotonic())
             raise ReleaseRequested(

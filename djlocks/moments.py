@@ -6,7 +6,8 @@ holders, waiters and cool-downs that the inspection lists) as
 ``USE_TZ = True``, naive local time (``TIME_ZONE``) under ``USE_TZ = False``. So a
 moment compares with ``timezone.now()`` and saves into the project's own
 ``DateTimeField`` under either setting, as Django's time-zone documentation asks
-of every datetime in a project.
+of every datetime in a project. Text for people names the zone (``moment_text``);
+JSON gives every moment in UTC (``MomentEncoder``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 
 def project_moment(moment: datetime) -> datetime:
     """``moment`` as ``timezone.now()`` gives moments: under ``USE_TZ = False``, an aware
     ``moment`` becomes naive local time (``TIME_ZONE``); a naive one is taken to be
-    local time already. Under ``USE_TZ = True`` an aware ``moment`` is returned as it is,
+    local time already. Under ``USE_TZ = True`` an aware ``moment`` is returned in UTC,
     and a naive one is taken to be UTC."""
     if settings.USE_TZ:
-        return moment if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+        return moment.astimezone(UTC) if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
     if timezone.is_naive(moment):
         return moment
     return timezone.make_naive(moment, timezone.get_default_timezone())
@@ -36,3 +38,15 @@ def moment_text(moment: datetime, form: str = "%Y-%m-%d %H:%M:%S") -> str:
     if timezone.is_naive(moment):
         return f"{moment:{form}} {settings.TIME_ZONE}"
     return f"{moment.astimezone(UTC):{form}} UTC"
+
+
+class MomentEncoder(DjangoJSONEncoder):
+    """Django's JSON encoder, which writes every moment in UTC with its zone: a naive
+    moment (local time, ``USE_TZ = False``) would be read by a browser or a script as
+    in its own zone."""
+
+    def default(self, o: object) -> object:
+        if isinstance(o, datetime):
+            zone = timezone.get_default_timezone()
+            o = (o if timezone.is_aware(o) else timezone.make_aware(o, zone)).astimezone(UTC)
+        return super().default(o)

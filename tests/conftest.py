@@ -42,8 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "one_database: what it tests is the same on every database (real workers, the "
-        "command line's strength tests); `make test` runs it in the PostgreSQL leg only",
+        "one_database: what it tests is the same on every database (real workers whose "
+        "renewals do not depend on the driver, the command line's strength tests); `make "
+        "test` runs it in the PostgreSQL leg only",
     )
     config.addinivalue_line(
         "markers",

@@ -11,7 +11,7 @@ from django.core.management import call_command
 
 from djlocks import Lock, Semaphore, db_lock, db_rwlock, db_semaphore
 from djlocks.arguments import normalize_timeout
-from djlocks.backends.lease.backend import MAX_SLOTS
+from djlocks.backends.lease.claims import MAX_SLOTS
 from djlocks.models import LeaseSlot
 
 

@@ -7,10 +7,11 @@ the wrong zone is hours off, not within the tolerance.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from io import StringIO
 from typing import Any
 
@@ -52,6 +53,13 @@ def assert_local_now(moment: datetime | None, what: str) -> None:
     assert off < CLOSE, f"{what} ({moment}) is {off:.0f} s from local now ({timezone.now()})"
 
 
+def assert_utc_now(text: str, what: str) -> None:
+    """``text``, a moment in JSON, says its zone (UTC) and is close to now."""
+    assert text.endswith("Z"), f"{what} ({text}) has no zone"
+    off = abs((datetime.fromisoformat(text) - datetime.now(UTC)).total_seconds())
+    assert off < CLOSE, f"{what} ({text}) is {off:.0f} s from now"
+
+
 def djlocks(*args: str) -> str:
     out = StringIO()
     call_command("djlocks", *args, stdout=out)
@@ -78,6 +86,11 @@ def test_moments_are_local_time_and_the_operators_tools_work(
         waiting.start()
         if store.capabilities.forced_release:  # (row locks on SQLite show no holder)
             _inspect(store, name, backend, waiter_ids)
+        if store.capabilities.forced_release:
+            shown = admin_client.get(
+                reverse("admin:djlocks_name_json"), {"backend": backend, "name": name}
+            ).json()
+            assert_utc_now(shown["holders"][0]["since"], "name.json: since")
         for page in (
             reverse("admin:djlocks_lockname_changelist"),
             reverse("admin:djlocks_overview_json"),
@@ -88,7 +101,7 @@ def test_moments_are_local_time_and_the_operators_tools_work(
             assert admin_client.get(page).status_code == 200, page
     waiting.join(timeout=20)
     assert not waiting.is_alive()
-    assert "1 expired" not in djlocks("sweep")
+    assert "default: 0 expired grants, 0 dead waiters" in djlocks("sweep").splitlines()
 
 
 def _inspect(store: LockBackend, name: str, backend: str, waiter_ids: list[int]) -> None:
@@ -105,6 +118,9 @@ def _inspect(store: LockBackend, name: str, backend: str, waiter_ids: list[int])
     (waiter,) = store.waiters(name)
     assert_local_now(waiter.since, "WaiterInfo.since")
     assert waiter.thread.endswith(f"(tid {waiter_ids[0]})"), waiter.thread
+    document = json.loads(djlocks("list", "--backend", backend, "--json"))
+    assert_utc_now(document["holders"][0]["since"], "list --json: since")
+    assert_utc_now(document["waiters"][0]["since"], "list --json: waiter's since")
     listed = djlocks("list", "--backend", backend)
     assert f"since {holder.since:%Y-%m-%d %H:%M:%S} {FAR_FROM_UTC}" in listed, listed
     assert f"since {waiter.since:%Y-%m-%d %H:%M:%S} {FAR_FROM_UTC}" in listed, listed

@@ -158,6 +158,7 @@ def test_cooldown_keeps_the_name_unavailable_after_the_command() -> None:
         ["--", "true"],  # no name
         ["job", "--backend", "nowhere", "--", "true"],
         ["job", "--limit", "0", "--", "true"],
+        ["job", "--limit", "20000", "--", "true"],  # above the lease backend's most
         ["job", "--timeout", "-1", "--", "true"],
         ["", "--", "true"],
         ["job", "--kill-after", "-1", "--", "true"],

@@ -35,8 +35,10 @@ pytestmark = [
     pytest.mark.usefixtures("store"),
     pytest.mark.timeout(240),
     pytest.mark.real_workers,
-    pytest.mark.one_database,
 ]
+#: Those below that depend on the database driver (gevent's cooperation, a forked
+#: pool process's connections) run on every database; the others in one leg.
+one_database = pytest.mark.one_database
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Seconds: the lease, and the work done while holding it.
@@ -92,6 +94,7 @@ def gunicorn(worker: str) -> list[str]:
     return [*python, "-k", worker, "-w", "1", *threads, "-b", "127.0.0.1:{port}"]
 
 
+@one_database
 @pytest.mark.parametrize("worker", ["sync", "gthread"])
 def test_gunicorn_workers_renew_while_a_request_holds_and_a_c_call_is_caught(
     worker: str, tmp_path: Path
@@ -113,6 +116,7 @@ def test_gevent_renews_while_the_holder_yields_and_says_what_starves_it(tmp_path
     assert "gevent has patched threading" in log.read_text(), "the worker was warned"
 
 
+@one_database
 def test_uvicorn_renews_whether_the_event_loop_awaits_or_is_blocked(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "uvicorn", "tests.worker_models.asgi:application"]
     with serving(*command, "--port", "{port}", log=tmp_path / "uvicorn.log") as base:
@@ -161,6 +165,7 @@ def test_a_celery_prefork_worker_renews_in_its_forked_pool_process(tmp_path: Pat
         assert not stuck["renewed"] and stuck["lost"], stuck
 
 
+@one_database
 def test_a_recycled_celery_pool_process_writes_its_last_events_before_it_exits(
     tmp_path: Path,
 ) -> None:
@@ -175,6 +180,7 @@ def test_a_recycled_celery_pool_process_writes_its_last_events_before_it_exits(
         assert sorted(kinds) == [Kind.ACQUIRED, Kind.RELEASED]
 
 
+@one_database
 def test_a_thread_stuck_in_a_c_call_cannot_renew_and_learns_it_at_release() -> None:
     """The holder keeps the GIL (no thread runs, the heartbeat neither): its lease runs
     out at the store, and its release says so instead of ending someone else's grant."""

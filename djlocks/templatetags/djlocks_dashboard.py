@@ -39,5 +39,6 @@ def utc(value: datetime | None) -> str:
     is local time (``TIME_ZONE``), as under ``USE_TZ = False``."""
     if value is None:
         return "—"
-    aware = value if timezone.is_aware(value) else timezone.make_aware(value)
+    zone = timezone.get_default_timezone()
+    aware = value if timezone.is_aware(value) else timezone.make_aware(value, zone)
     return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -43,8 +43,6 @@ renew_log = logging.getLogger("djlocks.renew")
 NEWCOMER = 2**62
 
 
-#: The most slots a lease semaphore may have.
-MAX_SLOTS = 10_000
 #: Why a grant ended before its release or renewal, as ``LockLost`` says.
 LEASE_RAN_OUT = "its lease ran out without a renewal"
 TAKEN_AWAY = "an operator released it by force, or its lease ran out and the slot was taken"
@@ -102,11 +100,6 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
-        if request.limit > MAX_SLOTS:
-            raise ValueError(
-                f"A lease semaphore has at most {MAX_SLOTS} slots (got {request.limit}): each "
-                f"slot is a row, all made at the name's first grant."
-            )
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
         grant = self._claim(request, key, NEWCOMER)

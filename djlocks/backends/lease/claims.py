@@ -47,6 +47,19 @@ ClaimStatement = Callable[
 ]
 
 
+#: The most slots a lease semaphore is given (rows that exist already are kept).
+MAX_SLOTS = 10_000
+
+
+def refuse_too_many_slots(request: AcquireRequest) -> None:
+    """``ValueError`` before a name is given more than ``MAX_SLOTS`` slot rows."""
+    if request.limit > MAX_SLOTS:
+        raise ValueError(
+            f"A lease semaphore has at most {MAX_SLOTS} slots (got {request.limit}): each "
+            f"slot is a row, all made at the name's first grant."
+        )
+
+
 class LeaseClaims(LeaseStore):
     """Claiming a slot for a caller whose place in the queue is ``ticket``."""
 
@@ -247,6 +260,7 @@ class LeaseClaims(LeaseStore):
         """Insert a new name's slot rows, their fence at the store's clock in
         microseconds (``first_fence``): a name that a sweep removed starts above
         every fence it had."""
+        refuse_too_many_slots(request)
         cursor.execute(f"SELECT {self.dialect.first_fence}", ())
         fence = int(cursor.fetchone()[0])
         cursor.executemany(
@@ -259,6 +273,7 @@ class LeaseClaims(LeaseStore):
         self, cursor: Any, request: AcquireRequest, key: str, rows: Sequence[Sequence[Any]]
     ) -> list[tuple[Any, ...]]:
         """Give an unheld name ``request.limit`` slots; fences continue from the largest."""
+        refuse_too_many_slots(request)
         fence = max(int(row[3]) for row in rows)
         cursor.execute(
             f"DELETE FROM {SLOTS} WHERE name_key = %s AND slot >= %s", (key, request.limit)

@@ -83,13 +83,10 @@ class LeaseInspection(LeaseStore):
         ]
 
     def _store_now(self) -> RawSQL:
-        """The database's current time, read once, to compare the lease columns with in
-        the ORM. It goes back as the driver read it, not through Django's conversions:
-        as the database wrote the columns (UTC), whatever ``USE_TZ`` says."""
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(f"SELECT {self.dialect.now}", ())
-            (now,) = cursor.fetchone()
-        return RawSQL("%s", (now,), output_field=DateTimeField())
+        """The database's current time as SQL, to compare the lease columns with in the
+        ORM: the database evaluates it, as it wrote the columns (by its UTC clock), with
+        none of the conversions a moment sent from here would go through."""
+        return RawSQL(self.dialect.now, (), output_field=DateTimeField())
 
     def names(self) -> list[tuple[str, int]]:
         from djlocks.models import LeaseSlot
@@ -157,12 +154,16 @@ class LeaseInspection(LeaseStore):
         dead_waiters = self._run(
             lambda db: self._execute(db, f"DELETE FROM {WAITERS} WHERE expires_at <= {now}", ())
         )
-        expired = LeaseSlot.objects.using(self.using).filter(
-            token__isnull=False, expires_at__lte=self._store_now()
-        )
+        slots = LeaseSlot.objects.using(self.using)
+        expired = slots.filter(token__isnull=False, expires_at__lte=self._store_now())
         ended = self._holders_in(expired)
         events.holders_ended(ended, Kind.EXPIRED, reason="the lease ran out without a release")
-        cleared = expired.update(token=None, expires_at=None)
+        # Those grants, and no other that ran out since: each has its event.
+        tokens = [holder.token for holder in ended]
+        cleared = sum(
+            slots.filter(token__in=tokens[at : at + IDLE_BATCH]).update(token=None, expires_at=None)
+            for at in range(0, len(tokens), IDLE_BATCH)
+        )
         swept = {"expired grants": cleared, "dead waiters": dead_waiters}
         if idle_names is not None:
             swept["idle names"] = self._remove_idle_names(idle_names)

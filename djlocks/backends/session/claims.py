@@ -113,8 +113,8 @@ class SessionClaims(SessionStore):
         and recorded with one durable write."""
         if self.fences_in_grant:
             self._register(session, request)  # the server's view can name the holder
-            # The holder row shows when the grant began, by the wall clock (as
-            # ``timezone.now()`` would; the writer's thread converts it).
+            # The holder row shows when the grant began, by the wall clock (in UTC:
+            # the writer's thread converts it).
             now = time.time()  # wall clock ok
             grant = (request, slot, token, fence, session.connection_id, now)
             holder_records.submit((self.using, self.vendor, SESSION_TABLES, grant))

@@ -60,16 +60,20 @@ def lease_dialect(vendor: str) -> LeaseDialect:
 def as_datetime(value: object, db: BaseDatabaseWrapper) -> datetime:
     """A moment read from ``db`` (through a cursor or the ORM) as an aware datetime.
 
-    djlocks writes its moments by the database's UTC clock, so a naive value is UTC
-    (SQLite returns text), except on a database that stores time zones (PostgreSQL)
-    under ``USE_TZ = False``: Django reads those as naive times in the connection's
-    time zone, ``TIME_ZONE``.
+    djlocks writes its moments by the database's UTC clock. A database without time
+    zones (MySQL, SQLite: text) keeps that UTC wall time, which is what counts, even
+    where Django's ORM labels it with a ``DATABASES`` ``TIME_ZONE``. PostgreSQL's
+    values are read aware, but under ``USE_TZ = False``, where Django reads them as
+    naive times in the connection's time zone, ``TIME_ZONE``.
     """
     moment = value if isinstance(value, datetime) else parse_datetime(str(value))
     if moment is None:
         raise ValueError(f"{value!r} read from {db.alias!r} is not a moment.")
+    if not db.features.supports_timezones:
+        # UTC as written, even where Django read it as in DATABASES' TIME_ZONE
+        return moment.replace(tzinfo=UTC)
     if timezone.is_aware(moment):
         return moment
-    if db.features.supports_timezones and not settings.USE_TZ:
+    if not settings.USE_TZ:
         return timezone.make_aware(moment, zoneinfo.ZoneInfo(db.timezone_name))
     return moment.replace(tzinfo=UTC)

@@ -31,7 +31,7 @@ from djlocks.inspection import (
 )
 from djlocks.keys import GATE, table_key
 from djlocks.metrics import exposition
-from djlocks.moments import moment_text
+from djlocks.moments import MomentEncoder, moment_text
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import MODES as STRESS_MODES
 from djlocks.stress import MULTI_NAMES, MULTI_SET, StressPlan, run_stress
@@ -224,7 +224,7 @@ class Command(BaseCommand):
         for alias, reason in found.unavailable.items():
             self._say(f"backend {alias!r} could not be asked: {reason}", self.stderr)
         if as_json:
-            self.stdout.write(json.dumps(found.as_json(), default=str))
+            self.stdout.write(json.dumps(found.as_json(), cls=MomentEncoder))
         else:
             self._print_lines(found, nothing)
         if found.unavailable:
@@ -372,7 +372,10 @@ class Command(BaseCommand):
                 "Not asking for confirmation without a terminal: add --yes to release.",
                 returncode=USAGE_ERROR,
             )
-        answer = input(f"{question} [y/N] ")
+        try:
+            answer = input(f"{question} [y/N] ")
+        except EOFError:  # Ctrl-D: no
+            answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             raise CommandError("Nothing released.")
 

@@ -147,6 +147,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
         try:
             status = supervisor.run()
+        except ValueError as exc:  # what the backend refuses (a limit above its most)
+            raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         except (BackendUnavailable, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
         sys.exit(status)
