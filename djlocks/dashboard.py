@@ -17,8 +17,7 @@ from django.utils import timezone
 
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo, WaiterInfo
-from djlocks.exceptions import BackendUnavailable
-from djlocks.inspection import Snapshot, snapshot
+from djlocks.inspection import UNUSABLE, Snapshot, snapshot, unusable
 from djlocks.leadership import elected_name
 from djlocks.rwlock import GATE, RW_PREFIX, rw_parts
 from djlocks.stuck import Place, stuck_holders
@@ -304,8 +303,8 @@ def overview(backend: str | None = None) -> Overview:
             continue
         try:
             known.update({(alias, name): limit for name, limit in backends[alias].names()})
-        except BackendUnavailable as exc:
-            found.unavailable[alias] = str(exc)
+        except UNUSABLE as exc:
+            found.unavailable[alias] = unusable(alias, exc)
     rows = summaries(found, known, stuck_holders(found.holders, timezone.now()))
     return Overview(
         names=[row for row in rows if elected_name(row.name) is None and not rw_parts(row.name)],

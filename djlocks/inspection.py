@@ -13,6 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.connection import ConnectionDoesNotExist
+
 from djlocks import metrics
 from djlocks.backends import backends
 from djlocks.backends.base import CooldownInfo, HolderInfo, LockBackend, WaiterInfo
@@ -54,6 +57,18 @@ def public(holder: HolderInfo) -> dict[str, Any]:
     return {k: v for k, v in vars(holder).items() if k != "token"}
 
 
+#: What a store that cannot be asked raises: it cannot be reached, or its backend
+#: names a database that is not configured (``djlocks.E005``).
+UNUSABLE = (BackendUnavailable, ImproperlyConfigured, ConnectionDoesNotExist)
+
+
+def unusable(alias: str, exc: Exception) -> str:
+    """Why the store of backend ``alias`` could not be asked, from what it raised."""
+    if isinstance(exc, BackendUnavailable):
+        return str(exc)
+    return f"djlocks backend {alias!r} is misconfigured: {exc} (`manage.py check` says more)"
+
+
 def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
     """Ask each backend (or only ``backend``) about ``name`` (or every name).
 
@@ -62,15 +77,15 @@ def snapshot(name: str | None = None, backend: str | None = None) -> Snapshot:
     """
     found = Snapshot()
     for alias in [backend] if backend else backends.aliases():
-        store = backends[alias]
         try:
+            store = backends[alias]
             holders, waiters, cooldowns = (
                 store.holders(name),
                 store.waiters(name),
                 store.cooldowns(name),
             )
-        except BackendUnavailable as exc:
-            found.unavailable[alias] = str(exc)
+        except UNUSABLE as exc:
+            found.unavailable[alias] = unusable(alias, exc)
             continue
         found.holders.extend(holders)
         found.waiters.extend(waiters)

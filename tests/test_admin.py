@@ -19,7 +19,7 @@ import pytest
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
@@ -38,6 +38,7 @@ from tests.workers import CONTEXT, start_worker, wait_in_line
 pytestmark = pytest.mark.usefixtures("store")
 
 OVERVIEW = "/admin/djlocks/lockname/"
+LEASE_BACKEND = "djlocks.backends.lease.LeaseBackend"
 
 
 def name_url(name: str, backend: str = "default", **extra: object) -> str:
@@ -339,6 +340,34 @@ def test_a_names_page_draws_its_last_hour_and_the_overview_its_waiters(
     points = row["sparkline"].split('points="')[1].split('"')[0].split()
     heights = {float(point.split(",")[1]) for point in points}
     assert len(points) == 30 and len(heights) > 1, "the wait shows in the last point(s)"
+
+
+def test_a_backend_on_a_database_that_is_not_configured_is_named_and_the_rest_shown(
+    admin_client: Client, settings: Any
+) -> None:
+    """A backend whose ``using`` names no database (``djlocks.E005``) is listed as
+    unusable on the overview, its JSON and ``djlocks list``; the others are shown."""
+    settings.DJLOCKS = {
+        **settings.DJLOCKS,
+        "BACKENDS": {
+            **settings.DJLOCKS["BACKENDS"],
+            "elsewhere": {"BACKEND": LEASE_BACKEND, "OPTIONS": {"using": "not-configured"}},
+        },
+    }
+    backends.reset()
+    try:
+        with db_lock("admin:still-shown"):
+            assert "admin:still-shown" in admin_client.get(OVERVIEW).content.decode()
+            data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
+            assert "not-configured" in data["unavailable"]["elsewhere"]
+            assert [row["name"] for row in data["rows"]] == ["admin:still-shown"]
+            out = StringIO()
+            with pytest.raises(CommandError) as unusable:
+                call_command("djlocks", "list", "--skip-checks", stdout=out, stderr=StringIO())
+            assert unusable.value.returncode == 69
+            assert "admin:still-shown" in out.getvalue()
+    finally:
+        backends.reset()
 
 
 def test_the_events_list_filters_by_date_in_any_time_zone(
