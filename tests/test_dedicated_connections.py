@@ -202,19 +202,21 @@ def test_holders_never_take_a_connection_from_djangos_pool() -> None:
             del options["pool"]
 
 
+def server_sessions() -> int:
+    """How many sessions the database server has open on the test database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            if connection.vendor == "postgresql"
+            else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
+        )
+        return int(cursor.fetchone()[0])
+
+
 def test_a_thread_that_ends_closes_its_connection_at_once() -> None:
     """Ten threads take a lease each and end, with the garbage collector off: their
     connections close as each thread ends (a Django wrapper refers to itself, so waiting
     for the collector let a server with a thread per request run out of connections)."""
-
-    def server_sessions() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                if connection.vendor == "postgresql"
-                else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
-            )
-            return int(cursor.fetchone()[0])
 
     def take_one(number: int) -> None:
         try:

@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test import Client
 from django.urls import reverse
 
@@ -32,6 +32,7 @@ from djlocks import Grant, Lock, LockLost, Semaphore
 from djlocks.backends import backends
 from djlocks.backends.server_records import holder_records
 from djlocks.backends.session import Key, SessionBackend, claims
+from djlocks.backends.session import connections as session_connections
 from djlocks.backends.sql import mysql
 from djlocks.backends.sql.postgresql import (
     ADVISORY_WAITING,
@@ -40,6 +41,7 @@ from djlocks.backends.sql.postgresql import (
     FENCE_SEQUENCE,
     LOCK_KEY,
 )
+from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable, LockDeadlock, LockError
 from djlocks.inspection import force_release
 from djlocks.keys import GATE
@@ -47,6 +49,7 @@ from djlocks.runlocked import EXIT_UNAVAILABLE
 from djlocks.stress import StressPlan, current_database_names, manage_command, run_stress
 from tests.faults import PgBouncer, TcpProxy
 from tests.processes import advisory_lock_process, manage, resume
+from tests.test_dedicated_connections import server_sessions
 from tests.workers import (
     CONTEXT,
     acquired_in_another_thread,
@@ -396,6 +399,39 @@ def test_a_release_interrupted_mid_statement_ends_its_session(
     again = lock("s:interrupted")
     assert again.acquire(timeout=5), "the interrupted session kept the lock"
     again.release()
+
+
+def test_sessions_left_idle_after_a_burst_are_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight threads hold at once, then one lock is taken and released after the idle
+    limit: the other seven sessions are closed at its check-in, not kept for good."""
+    monkeypatch.setattr(session_connections, "IDLE_SESSION_SECONDS", 0.5)
+    with lock("s:warm"):
+        pass
+    holder_records.flush()
+    events.flush()  # the process's background writers are connected
+    before = server_sessions()
+    all_in = threading.Barrier(8)
+
+    def hold(number: int) -> None:
+        try:
+            with lock(f"s:burst:{number}"):
+                all_in.wait(10)
+        finally:
+            connections.close_all()
+
+    burst = [threading.Thread(target=hold, args=(number,)) for number in range(8)]
+    for thread in burst:
+        thread.start()
+    for thread in burst:
+        thread.join(30)
+    assert server_sessions() - before >= 7, "the burst's sessions are kept for a while"
+    time.sleep(0.6)
+    with lock("s:after"):
+        pass
+    deadline = time.monotonic() + 5  # the server ends a closed session a moment later
+    while server_sessions() > before:
+        assert time.monotonic() < deadline, "the sessions of the burst are still open"
+        time.sleep(0.1)
 
 
 def test_inside_a_transaction_the_acquire_is_refused() -> None:

@@ -3,7 +3,8 @@
 Never the request's connection or the caller's transaction's, never shared by
 two holders (both servers let one session take the same lock twice, so two
 holders on one connection would both get in), never used after ``fork()``. A
-released grant's session goes back to a per-process idle list. A pooler that
+released grant's session goes back to a per-process idle list, and is closed
+once unused for ``IDLE_SESSION_SECONDS``. A pooler that
 shares server sessions between clients is refused before the first grant
 (``shared_session_problem``). A session that an acquire gave up on is killed
 from another session (``_end``), so whatever it was granted dies with it.
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from abc import abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,8 @@ from djlocks.written import WrittenNames
 
 acquire_log = logging.getLogger("djlocks.acquire")
 
+#: Seconds an idle session may go unused before a check-in closes it.
+IDLE_SESSION_SECONDS = 60.0
 #: A server lock key: a string (GET_LOCK) or a 64-bit integer (advisory locks).
 Key = int | str
 
@@ -52,6 +56,8 @@ class Session:
     connection_id: int
     pid: int = field(default_factory=os.getpid)
     guard: threading.Lock = field(default_factory=threading.Lock)
+    #: When it was last checked in, idle (``time.monotonic()``).
+    idle_since: float = 0.0
     #: The vendor's way to run its grant and release statements without the driver's
     #: cursor, set by the backend's ``_prepare`` (PostgreSQL: ``libpq.DirectStatements``).
     direct: Any = field(default=None, repr=False)
@@ -238,9 +244,21 @@ class SessionStore(LockBackend):
             return self._idle.pop() if self._idle else None
 
     def _checkin(self, session: Session) -> None:
+        """Put ``session`` back among the idle ones, most recently used last, and close
+        those idle for longer than ``IDLE_SESSION_SECONDS``: after a burst of holders,
+        no more sessions stay open than the traffic since has used."""
+        now = time.monotonic()
         with self._guard:
-            if session.pid == os.getpid():
-                self._idle.append(session)
+            if session.pid != os.getpid():
+                return
+            session.idle_since = now
+            self._idle.append(session)
+            stale = 0
+            while now - self._idle[stale].idle_since > IDLE_SESSION_SECONDS:
+                stale += 1
+            closing, self._idle[:stale] = self._idle[:stale], []
+        for old in closing:
+            old.close()
 
     @contextlib.contextmanager
     def _side_session(self) -> Iterator[Session]:
