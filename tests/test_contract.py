@@ -38,6 +38,7 @@ from djlocks.inspection import force_release
 from djlocks.runlocked import EXIT_CONFLICT, EXIT_LOST
 from djlocks.stress import MULTI_SET, StressPlan, run_stress
 from tests.processes import manage, wait_for_file
+from tests.test_dedicated_connections import ask_the_server
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 
@@ -513,13 +514,7 @@ def test_runlocked_supervises_its_command(backend: str, tmp_path: Path) -> None:
 
 def server_session_of(wrapper: Any) -> int:
     """The server's id of the session of the Django connection ``wrapper``."""
-    with wrapper.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_backend_pid()"
-            if wrapper.vendor == "postgresql"
-            else "SELECT CONNECTION_ID()"
-        )
-        return int(cursor.fetchone()[0])
+    return ask_the_server(wrapper, "SELECT pg_backend_pid()", "SELECT CONNECTION_ID()")
 
 
 @pytest.mark.parametrize(

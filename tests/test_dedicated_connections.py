@@ -8,6 +8,7 @@ import gc
 import os
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, connections
@@ -202,15 +203,21 @@ def test_holders_never_take_a_connection_from_djangos_pool() -> None:
             del options["pool"]
 
 
+def ask_the_server(wrapper: Any, postgresql: str, mysql: str) -> int:
+    """The number a query answers on the Django connection ``wrapper``: ``postgresql``'s
+    on PostgreSQL, else ``mysql``'s."""
+    with wrapper.cursor() as cursor:
+        cursor.execute(postgresql if wrapper.vendor == "postgresql" else mysql)
+        return int(cursor.fetchone()[0])
+
+
 def server_sessions() -> int:
     """How many sessions the database server has open on the test database."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            if connection.vendor == "postgresql"
-            else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()"
-        )
-        return int(cursor.fetchone()[0])
+    return ask_the_server(
+        connection,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE()",
+    )
 
 
 def test_a_thread_that_ends_closes_its_connection_at_once() -> None:
