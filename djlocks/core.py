@@ -238,8 +238,8 @@ class Lock:
 
     def _wait(self, blocking: bool, timeout: Any) -> float | None:
         """The seconds an acquire with these arguments waits (``None``: forever).
-        ``ValueError`` for a ``timeout`` other than 0 given with ``blocking=False``,
-        as ``threading.Lock.acquire`` raises: the call would not wait it."""
+        ``ValueError`` for a ``timeout`` other than 0 given with ``blocking=False``:
+        the call would not wait it (``threading.Lock.acquire`` refuses even 0)."""
         if timeout is _USE_SPEC:
             return self.timeout if blocking else 0.0
         wait = normalize_timeout(timeout)
@@ -400,11 +400,13 @@ class Lock:
             if started.acquire(blocking=False):
                 raise  # no thread took it up: nothing waits, nothing to give back
             abort.set()
-            late = await _to_its_end(attempt)
+            try:
+                late = await asyncio.shield(attempt)
+            except asyncio.CancelledError:  # again: go now; a late grant is given back
+                attempt.add_done_callback(_give_back_late_grant)
+                raise
             if late is not None:
-                await _to_its_end(
-                    asyncio.ensure_future(sync_to_async(late.release, thread_sensitive=False)())
-                )
+                await sync_to_async(late.release, thread_sensitive=False)()
             raise
         if grant is not None:
             self._move_to_current_task(grant)
@@ -531,13 +533,20 @@ def db_semaphore(
     return Semaphore(name, limit=limit, **options)
 
 
-async def _to_its_end(work: asyncio.Future[T]) -> T | None:
-    """Await ``work`` until it ends, however often the awaiting task is cancelled again
-    meanwhile (a cancelled acquire's wait and its late grant's release must still end
-    here, or the grant would be kept); its result, or ``None`` if it failed."""
-    while not work.done():
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.shield(work)
-    if work.cancelled() or work.exception() is not None:
-        return None
-    return work.result()
+def _give_back_late_grant(attempt: asyncio.Future[Grant | None]) -> None:
+    """The end of an async acquire cancelled twice while its wait ended: release the grant
+    it got after all (in a wait thread), so that it is not renewed for nothing."""
+    if attempt.cancelled() or attempt.exception() is not None:
+        return
+    late = attempt.result()
+    if late is not None:
+        wait_threads().submit(_release_logged, late)
+
+
+def _release_logged(grant: Grant) -> None:
+    try:
+        grant.release()
+    except Exception:
+        acquire_log.warning(
+            "could not give back %s, granted to a cancelled acquire", grant.name, exc_info=True
+        )

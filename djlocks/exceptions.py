@@ -44,7 +44,7 @@ class ReleaseRequested(LockLost):
     or until the operator's wait runs out, whichever comes first.
     ``seconds_left`` (float) is how long it may last at most, measured by the
     store when it answered; ``expires_at`` (``datetime`` or ``None``) is
-    that end, in the project's time as ``Grant.expires_at``. Raised by
+    that end (in the project's time when ``Grant.check()`` raises it). Raised by
     ``Grant.check()`` (and by a backend's ``renew`` and ``is_held``); a subclass of
     ``LockLost``, so that a loop that stops on a lost grant stops here too. Release
     the grant to let the next waiter in.

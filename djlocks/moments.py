@@ -31,6 +31,15 @@ def project_moment(moment: datetime) -> datetime:
     return timezone.make_naive(moment, timezone.get_default_timezone())
 
 
+def as_utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime; a naive one is in the project's time (local
+    time under ``USE_TZ = False``, UTC under ``USE_TZ = True``)."""
+    if timezone.is_naive(moment):
+        zone = UTC if settings.USE_TZ else timezone.get_default_timezone()
+        moment = timezone.make_aware(moment, zone)
+    return moment.astimezone(UTC)
+
+
 def moment_text(moment: datetime, form: str = "%Y-%m-%d %H:%M:%S") -> str:
     """``moment`` written with ``form`` (``strftime``) and its time zone, which a bare
     time leaves to guesswork: ``UTC`` for an aware moment (shown in UTC), the
@@ -46,7 +55,4 @@ class MomentEncoder(DjangoJSONEncoder):
     in its own zone."""
 
     def default(self, o: object) -> object:
-        if isinstance(o, datetime):
-            zone = timezone.get_default_timezone()
-            o = (o if timezone.is_aware(o) else timezone.make_aware(o, zone)).astimezone(UTC)
-        return super().default(o)
+        return super().default(as_utc(o) if isinstance(o, datetime) else o)

@@ -346,7 +346,8 @@ def test_a_backend_on_a_database_that_is_not_configured_is_named_and_the_rest_sh
     admin_client: Client, settings: Any
 ) -> None:
     """A backend whose ``using`` names no database (``djlocks.E005``) is listed as
-    unusable on the overview, its JSON and ``djlocks list``; the others are shown."""
+    unusable on the overview, its JSON and ``djlocks list``, and left out of ``djlocks
+    sweep``; the others are shown and swept."""
     settings.DJLOCKS = {
         **settings.DJLOCKS,
         "BACKENDS": {
@@ -366,6 +367,11 @@ def test_a_backend_on_a_database_that_is_not_configured_is_named_and_the_rest_sh
                 call_command("djlocks", "list", "--skip-checks", stdout=out, stderr=StringIO())
             assert unusable.value.returncode == 69
             assert "admin:still-shown" in out.getvalue()
+            out = StringIO()
+            with pytest.raises(CommandError) as unswept:
+                call_command("djlocks", "sweep", "--skip-checks", stdout=out, stderr=StringIO())
+            assert unswept.value.returncode == 69
+            assert "default: 0 expired grants, 0 dead waiters" in out.getvalue().splitlines()
     finally:
         backends.reset()
 

@@ -56,6 +56,12 @@ def test_a_timeout_with_blocking_false_is_refused_before_any_io() -> None:
         Lock("x").acquire(blocking=False, timeout=5)
 
 
+def test_blocking_false_with_a_timeout_of_0_tries_once(transactional_db: None) -> None:
+    lock = Lock("x")
+    assert lock.acquire(blocking=False, timeout=0) is True
+    lock.release()
+
+
 def test_a_lease_semaphore_too_large_is_refused_and_writes_nothing(
     transactional_db: None,
 ) -> None:

@@ -46,6 +46,10 @@ class GrantRecord:
     requested_at: float | None = None
 
 
+class LimitAboveMost(ValueError):
+    """A semaphore's ``limit`` above the most slots its backend gives a name."""
+
+
 def _in_project_time(record: object, *fields: str) -> None:
     """Set the moments ``fields`` of the frozen ``record`` in the project's time
     (``djlocks.moments.project_moment``), whatever clock and driver gave them."""

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django import template
-from django.utils import timezone
+
+from djlocks.moments import as_utc
 
 register = template.Library()
 
@@ -36,9 +37,5 @@ def seconds(value: float | None) -> str:
 @register.filter
 def utc(value: datetime | None) -> str:
     """A datetime as ``YYYY-MM-DD HH:MM:SS`` in UTC (an em dash for ``None``); a naive one
-    is local time (``TIME_ZONE``), as under ``USE_TZ = False``."""
-    if value is None:
-        return "—"
-    zone = timezone.get_default_timezone()
-    aware = value if timezone.is_aware(value) else timezone.make_aware(value, zone)
-    return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    is in the project's time (``moments.as_utc``)."""
+    return "—" if value is None else as_utc(value).strftime("%Y-%m-%d %H:%M:%S")

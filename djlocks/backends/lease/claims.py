@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from djlocks.backends.base import AcquireRequest, GrantRecord
+from djlocks.backends.base import AcquireRequest, GrantRecord, LimitAboveMost
 from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.store import (
     SLOTS,
@@ -54,7 +54,7 @@ MAX_SLOTS = 10_000
 def refuse_too_many_slots(request: AcquireRequest) -> None:
     """``ValueError`` before a name is given more than ``MAX_SLOTS`` slot rows."""
     if request.limit > MAX_SLOTS:
-        raise ValueError(
+        raise LimitAboveMost(
             f"A lease semaphore has at most {MAX_SLOTS} slots (got {request.limit}): each "
             f"slot is a row, all made at the name's first grant."
         )

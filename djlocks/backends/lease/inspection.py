@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
     from djlocks.models import LeaseSlot
 
-#: Names looked at, and removed, per transaction of an idle-name sweep.
-IDLE_BATCH = 1000
+#: Names looked at, and removed, per transaction of an idle-name sweep, and expired
+#: grants cleared per statement: with one more parameter, within the 999 that SQLite
+#: allows a statement by default.
+IDLE_BATCH = 500
 
 HOLDER_FIELDS = [
     "name",

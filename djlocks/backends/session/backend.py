@@ -23,6 +23,7 @@ from djlocks.backends.base import (
     AcquireRequest,
     Capabilities,
     GrantRecord,
+    LimitAboveMost,
     unknown_database,
 )
 from djlocks.backends.driver import driver_messages
@@ -163,7 +164,7 @@ class SessionBackend(SessionClaims, SessionInspection):
                 f"cannot outlive their release: a cool-down needs a lease backend."
             )
         if request.limit > MAX_SLOTS:
-            raise ValueError(f"A session semaphore has at most {MAX_SLOTS} slots.")
+            raise LimitAboveMost(f"A session semaphore has at most {MAX_SLOTS} slots.")
 
     def _slot_key(self, request: AcquireRequest, slot: int) -> Key:
         return self.key(request.name) if request.limit == 1 else self.key(request.name, slot)

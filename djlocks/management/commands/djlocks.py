@@ -24,10 +24,12 @@ from djlocks.events import events
 from djlocks.exceptions import BackendUnavailable
 from djlocks.inspection import (
     GRACEFUL_WAIT,
+    UNUSABLE,
     Snapshot,
     force_release,
     request_release,
     snapshot,
+    unusable,
 )
 from djlocks.keys import GATE, table_key
 from djlocks.metrics import exposition
@@ -402,7 +404,7 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as exc:
             raise CommandError(f"--idle-names: {exc}", returncode=USAGE_ERROR) from exc
         if every is None:
-            self._sweep_once(idle)
+            self._sweep_once(idle, again=False)
             return
         if not every > 0:
             raise CommandError("--every must be more than 0 seconds.", returncode=USAGE_ERROR)
@@ -415,18 +417,31 @@ class Command(BaseCommand):
         while not stopping.is_set():
             if lock.acquire(timeout=0):
                 try:
-                    self._sweep_once(idle)
+                    self._sweep_once(idle, again=True)
                 finally:
                     lock.release()
             stopping.wait(every)
 
-    def _sweep_once(self, idle: float | None) -> None:
+    def _sweep_once(self, idle: float | None, *, again: bool) -> None:
+        """Sweep every backend; one that cannot be asked is named, and the others swept
+        (exit 69 at the end, unless the sweep goes on ``again``)."""
+        failed = []
         for alias in backends.aliases():
-            store = backends[alias]
-            removed = store.sweep() if idle is None else store.sweep(idle_names=idle)
+            try:
+                store = backends[alias]
+                removed = store.sweep() if idle is None else store.sweep(idle_names=idle)
+            except UNUSABLE as exc:
+                failed.append(alias)
+                self._say(f"{alias}: not swept: {unusable(alias, exc)}", self.stderr)
+                continue
             summary = ", ".join(f"{count} {kind}" for kind, count in removed.items())
             self.stdout.write(f"{alias}: {summary or 'nothing to sweep'}")
         self.stdout.write(f"history: {events.sweep()} event(s) past the retention deleted")
+        if failed and not again:
+            raise CommandError(
+                f"{len(failed)} store(s) could not be swept; the others were.",
+                returncode=EXIT_UNAVAILABLE,
+            )
 
     # -- stress --------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from djlocks.backends import backends
+from djlocks.backends.base import LimitAboveMost
 from djlocks.exceptions import BackendUnavailable
 from djlocks.runlocked import (
     EXIT_CONFLICT,
@@ -147,7 +148,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
         try:
             status = supervisor.run()
-        except ValueError as exc:  # what the backend refuses (a limit above its most)
+        except LimitAboveMost as exc:  # known only to the backend, at the first acquire
             raise CommandError(str(exc), returncode=USAGE_ERROR) from exc
         except (BackendUnavailable, ImproperlyConfigured) as exc:
             raise CommandError(str(exc), returncode=EXIT_UNAVAILABLE) from exc
