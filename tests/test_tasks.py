@@ -312,6 +312,8 @@ def test_an_async_task_is_refused_at_decoration() -> None:
         limit_concurrency("t:{user_id}")(render)
 
 
+@pytest.mark.one_database  # and where the Celery workers' tests run first: its eager
+# run makes the app's result backend, which must be theirs (celery_worker sets it)
 def test_an_eager_celery_run_that_is_busy_raises_busy_instead_of_retrying_in_place(
     tmp_path: Path,
 ) -> None:
