@@ -83,7 +83,7 @@ class Grant:
         self.token = record.token
         self.slot = record.slot
         self.fence = record.fence
-        self.expires_at = _in_project_time(record.expires_at)
+        self.expires_at = project_moment(record.expires_at)
         self.ttl = ttl
         self.identity = identity
         # ``acquired_at`` shows the grant's moment by the wall clock, as USE_TZ is now.
@@ -300,7 +300,7 @@ class Grant:
             self._believe_until = self._within_max_hold(
                 renewal_started + length * (1 - BELIEF_MARGIN)
             )
-            self.expires_at = _in_project_time(expires_at)
+            self.expires_at = project_moment(expires_at)
             shortened = self._believe_until < believed_until
         if shortened:
             watchdog.moved_earlier(self)
@@ -417,7 +417,3 @@ class Grant:
         with self._guard:
             self._released = True
             return self._lost_reason
-
-
-def _in_project_time(moment: datetime | None) -> datetime | None:
-    return None if moment is None else project_moment(moment)

@@ -13,17 +13,26 @@ JSON gives every moment in UTC (``MomentEncoder``).
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import overload
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 
-def project_moment(moment: datetime) -> datetime:
+@overload
+def project_moment(moment: datetime) -> datetime: ...
+@overload
+def project_moment(moment: None) -> None: ...
+
+
+def project_moment(moment: datetime | None) -> datetime | None:
     """``moment`` as ``timezone.now()`` gives moments: under ``USE_TZ = False``, an aware
     ``moment`` becomes naive local time (``TIME_ZONE``); a naive one is taken to be
     local time already. Under ``USE_TZ = True`` an aware ``moment`` is returned in UTC,
-    and a naive one is taken to be UTC."""
+    and a naive one is taken to be UTC. ``None`` (no moment) stays ``None``."""
+    if moment is None:
+        return None
     if settings.USE_TZ:
         return moment.astimezone(UTC) if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
     if timezone.is_naive(moment):

@@ -54,9 +54,7 @@ def _in_project_time(record: object, *fields: str) -> None:
     """Set the moments ``fields`` of the frozen ``record`` in the project's time
     (``djlocks.moments.project_moment``), whatever clock and driver gave them."""
     for field in fields:
-        moment = getattr(record, field)
-        if moment is not None:
-            object.__setattr__(record, field, project_moment(moment))
+        object.__setattr__(record, field, project_moment(getattr(record, field)))
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,8 @@ MAX_SLOTS = 10_000
 
 
 def refuse_too_many_slots(request: AcquireRequest) -> None:
-    """``ValueError`` before a name is given more than ``MAX_SLOTS`` slot rows."""
+    """``LimitAboveMost`` (a ``ValueError``) before a name is given more than
+    ``MAX_SLOTS`` slot rows."""
     if request.limit > MAX_SLOTS:
         raise LimitAboveMost(
             f"A lease semaphore has at most {MAX_SLOTS} slots (got {request.limit}): each "
