@@ -243,6 +243,10 @@ class PrivateMariaDB:
             return (self._home / "server.log").read_text()
         return ""
 
+    def running(self) -> bool:
+        """Whether the server process is alive (it may still be starting)."""
+        return self._process.poll() is None
+
     def stop(self) -> None:
         self.crash()
         shutil.rmtree(self._home, ignore_errors=True)
@@ -344,8 +348,12 @@ class PrivatePostgreSQL:
             return (self._home / "server.log").read_text()
         return ""
 
+    def running(self) -> bool:
+        """Whether the postmaster is alive (it may still be starting)."""
+        return self._process is not None and self._process.poll() is None
+
     def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
+        if self.running():
             self.crash()
         shutil.rmtree(self._home, ignore_errors=True)
 

@@ -73,9 +73,10 @@ def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
                      backend, stop, report)
         for n in range(WORKERS)
     ]  # fmt: skip
+    pids = {worker.pid for worker in workers}
     outcomes: list[tuple[Any, ...]] = []
     try:
-        _until_each_was_granted(report, {worker.pid for worker in workers}, outcomes)
+        _until_each_was_granted(report, pids, outcomes, server=private_server)
         time.sleep(BEFORE)
         crashed = time.monotonic()
         private_server.crash()
@@ -84,7 +85,7 @@ def test_every_fence_after_a_server_crash_is_higher_than_every_fence_before_it(
         time.sleep(AFTER)
         # Every worker comes back: a row lock's waiters are served in no promised order,
         # so one may wait longer than AFTER for its first grant after the restart.
-        _until_each_was_granted(report, {worker.pid for worker in workers}, outcomes, restarted)
+        _until_each_was_granted(report, pids, outcomes, server=private_server, since=restarted)
     finally:
         stop.set()
     outcomes += _gather(report, len(workers))
@@ -113,11 +114,13 @@ def _pids(workers: list[Any], odd: bool) -> set[int]:
 
 
 def _until_each_was_granted(
-    report: Any, pids: set[Any], outcomes: list[tuple[Any, ...]], since: float = 0.0
-) -> None:
+    report: Any, pids: set[int], outcomes: list[tuple[Any, ...]], *, server: Server,
+    since: float = 0.0,
+) -> None:  # fmt: skip
     """Read ``report`` into ``outcomes`` until every worker in ``pids`` had a grant
     after the monotonic time ``since`` (they go at their own pace: spawning and setting
-    Django up, reconnecting), for at most ``RECOVERY`` seconds."""
+    Django up, reconnecting), for at most ``RECOVERY`` seconds. A failure names the
+    workers' last errors and the state of ``server``, with the end of its log."""
     waiting, deadline = set(pids), time.monotonic() + RECOVERY
     for outcome in outcomes:
         if outcome[0] == "granted" and outcome[3] > since:
@@ -125,7 +128,9 @@ def _until_each_was_granted(
     while waiting:
         assert time.monotonic() < deadline, (
             f"{len(waiting)} worker(s) never came back; their last reports: "
-            f"{[o for o in outcomes if o[1] in waiting][-5:]}"
+            f"{[o for o in outcomes if o[1] in waiting][-5:]}; the server is "
+            f"{'running' if server.running() else 'not running'}; its log ends:\n"
+            f"{server.log()[-3000:]}"
         )
         outcome = report.get(timeout=RECOVERY)
         outcomes.append(outcome)

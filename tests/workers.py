@@ -271,7 +271,7 @@ def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> 
     """Take and release ``name`` (a lock, or a semaphore of ``limit``) until ``stop`` is
     set, through a database crash: report each grant as ("granted", pid, fence,
     monotonic time granted, monotonic time released), each failure as ("failed", pid,
-    the exception's class name, monotonic time), then ("done", pid)."""
+    the exception's class name, monotonic time, its message), then ("done", pid)."""
     from django.db import DatabaseError, close_old_connections, transaction
 
     from djlocks import Lock, Semaphore
@@ -294,7 +294,7 @@ def grant_storm(name: str, limit: int, backend: str, stop: Any, report: Any) -> 
                 grant.release()
             report.put(("granted", os.getpid(), grant.fence, granted, released))
         except (BackendUnavailable, LockLost, DatabaseError) as exc:
-            report.put(("failed", os.getpid(), type(exc).__name__, time.monotonic()))
+            report.put(("failed", os.getpid(), type(exc).__name__, time.monotonic(), str(exc)))
             # What Django does between requests (and Celery between tasks): a connection
             # that failed is closed, so the next query opens a new one. The row backend
             # locks on this connection; the others use their own, reopened by djlocks.
