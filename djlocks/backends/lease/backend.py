@@ -159,17 +159,19 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     def _release_plainly(self, token: str, cooldown: float, *, only_if_nobody_waits: bool) -> int:
         """Free the grant ``token``'s slot, held back for ``cooldown`` seconds, by one
         ``UPDATE`` that also wakes the waiters where the store can; with
-        ``only_if_nobody_waits``, only if no live waiter queues for the name. How many
-        slots it freed."""
+        ``only_if_nobody_waits``, only if no live waiter queues for the name, and
+        without waiting for the log flush where the store lets a transaction choose
+        (``LeaseDialect.returning_unflushed``). How many slots it freed."""
         d = self.dialect
         update = (
             f"UPDATE {SLOTS} SET token = NULL, expires_at = NULL, "
             f"cooldown_until = {d.plus_seconds} WHERE token = %s AND expires_at > {d.now}"
         )
-        if only_if_nobody_waits:
+        if only_if_nobody_waits:  # never with a cool-down, which must outlive a crash
             update += (
                 f" AND NOT EXISTS (SELECT 1 FROM {WAITERS} w "
                 f"WHERE w.name_key = {SLOTS}.name_key AND w.expires_at > {d.now})"
+                f"{d.returning_unflushed}"
             )
         else:
             update = self._notifying(update, waiters=True, holders=False)

@@ -107,6 +107,12 @@ class LeaseDialect:
     #: bytecodes more, as much as the rest of a lease statement's work in djlocks.
     #: Raises the driver's errors. ``None`` where a cursor runs every statement.
     run_at_once: Callable[[Any, str, Sequence[object]], Outcome] | None = None
+    #: A ``RETURNING`` clause that lets an ``UPDATE`` commit without waiting for the
+    #: server's log flush: for a release a crash may undo (its slot then stays taken
+    #: until the lease runs out). Empty where a transaction cannot choose (MySQL's
+    #: ``innodb_flush_log_at_trx_commit`` and SQLite's ``synchronous`` are set per
+    #: server or connection), and every commit waits.
+    returning_unflushed: str = ""
 
 
 def enqueue_returning(

@@ -21,6 +21,21 @@ from djlocks.backends.sql.dialects import LeaseDialect, Outcome, counting_ahead
 HISTORY_SESSION: str | None = "SET synchronous_commit TO off"
 
 
+def unflushed_commit(where: str | None = None) -> str:
+    """SQL that lets the statement's transaction commit without waiting for the WAL
+    flush, or only ``where`` (SQL) is true: ``synchronous_commit`` off for this
+    transaction alone, as ``SET LOCAL`` would (the PostgreSQL manual, "Asynchronous
+    Commit"; ``set_config`` with ``is_local``). A statement run on its own is its own
+    transaction, so this needs no round trip of its own; place it where the statement
+    evaluates it once its rows are known (a ``RETURNING`` list, the outer select). Such
+    a commit is visible at once. A server crash within about three times
+    ``wal_writer_delay`` can undo it, but never a later commit that waited for the
+    flush: the WAL is written in order. For writes a crash may undo (a place in the
+    queue, a release), never for a grant, a renewal or a cool-down."""
+    value = "'off'" if where is None else f"CASE WHEN {where} THEN 'off' ELSE 'on' END"
+    return f"set_config('synchronous_commit', {value}, true)"
+
+
 def copy_rows(
     cursor: Any, table: str, columns: Sequence[str], rows: Iterable[Sequence[object]]
 ) -> None:
@@ -148,6 +163,10 @@ def lease_handing_over(slots: str, waiters: str) -> str:
     queued with (``waiter_notice``): it needs no round trip to read it. When nobody
     was handed the slot, the name's first waiters are notified, with their tickets
     alone.
+    A release that hands nothing over commits without waiting for the WAL flush
+    (``unflushed_commit``): a crash can undo it, and the slot then stays taken until
+    its lease runs out, as if the holder had been killed. A hand-over, which grants
+    the heir its slot and fence, waits for the flush as every grant does.
     Returns one row per released slot: whether it was handed over.
     """
     now = "statement_timestamp()"
@@ -179,7 +198,8 @@ def lease_handing_over(slots: str, waiters: str) -> str:
         f"WHEN changed.connection_id IS NULL THEN 0 "
         f"ELSE (SELECT count(*) FROM pg_notify('{WAITER_CHANNEL}' || changed.connection_id, "
         f"concat_ws(' ', changed.id, changed.token, changed.slot, changed.fence, "
-        f"extract(epoch FROM changed.expires_at)))) END, changed.id IS NOT NULL FROM changed"
+        f"extract(epoch FROM changed.expires_at)))) END, changed.id IS NOT NULL, "
+        f"{unflushed_commit(where='changed.id IS NULL')} FROM changed"
     )
 
 
@@ -271,8 +291,12 @@ def lease_enqueue(
 ) -> tuple[int, int]:
     """Run ``insert``, of a waiter row, on the cursor's connection through libpq
     (``run_at_once``): the row's id, its ticket, and how many live waiters of the name
-    are ahead of it (``counting_ahead``), in one statement."""
-    row = run_at_once(cursor.connection, counting_ahead(insert, waiters, now), params)[0]
+    are ahead of it (``counting_ahead``), in one statement. It commits without waiting
+    for the WAL flush (``unflushed_commit``): a place in the queue need not outlive a
+    crash, which ends its waiter's session too, and the hand-over that grants it a
+    slot flushes it first (the WAL is written in order)."""
+    enqueue = f"{counting_ahead(insert, waiters, now)}, {unflushed_commit()}"
+    row = run_at_once(cursor.connection, enqueue, params)[0]
     assert row is not None, "an INSERT ... RETURNING returns its row"
     return int(row[0]), int(row[1])
 
@@ -324,6 +348,7 @@ LEASE = LeaseDialect(
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
     run_at_once=run_at_once,
+    returning_unflushed=f" RETURNING {unflushed_commit()}",
 )
 
 
