@@ -12,6 +12,7 @@ from django.db import connection
 
 from djlocks import AlreadyHeld, Lock, LockLost, NotAcquired, NotHeld, db_lock, db_semaphore
 from djlocks.backends import backends
+from djlocks.backends.lease.backend import NEWCOMER
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.exceptions import BackendUnavailable
 from djlocks.signals import lock_lost
@@ -280,3 +281,48 @@ def test_a_missing_table_is_unavailable_with_what_to_run() -> None:
         with connection.schema_editor() as editor:
             editor.alter_db_table(LeaseSlot, f"{table}_away", table)
     assert "A djlocks table is missing: run `manage.py migrate djlocks`." in str(refused.value)
+
+
+def test_after_handing_the_lock_over_a_process_queues_at_once_and_is_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A release that hands the slot to a waiter has the next acquire of the name queue
+    without a newcomer's claim; with nobody left to wait for, it still gets the lock."""
+    backend = backends["default"]
+    if backend.dialect.hand_over is None:
+        pytest.skip("not applicable: SQLite's waiters claim a freed slot themselves")
+    newcomer_claims: list[int] = []
+    claim = type(backend)._claim
+
+    def counting(self: object, request: object, key: str, ticket: int) -> object:
+        if ticket == NEWCOMER:
+            newcomer_claims.append(ticket)
+        return claim(self, request, key, ticket)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(backend), "_claim", counting)
+    holder = Lock("contract:queue-first", ttl=5)
+    assert holder.acquire(timeout=1)
+    granted, leave = threading.Event(), threading.Event()
+
+    def wait_then_hold() -> None:
+        with db_lock("contract:queue-first", timeout=10):
+            granted.set()
+            leave.wait(10)
+
+    waiter = threading.Thread(target=wait_then_hold)
+    waiter.start()
+    until_queued = time.monotonic() + 5
+    while not backend.waiters("contract:queue-first"):
+        assert time.monotonic() < until_queued, "the waiter never queued"
+        time.sleep(0.01)
+    holder.release()  # handed over to the waiter
+    assert granted.wait(5)
+    claims_before = len(newcomer_claims)
+    leave.set()  # the waiter releases while this acquire queues, or before
+    assert holder.acquire(timeout=5)
+    assert len(newcomer_claims) == claims_before, "it tried a newcomer's claim first"
+    holder.release()  # nobody waits now: a plain release, and the next acquire claims
+    waiter.join(5)
+    assert holder.acquire(timeout=1)
+    holder.release()
+    assert len(newcomer_claims) == claims_before + 1

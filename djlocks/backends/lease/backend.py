@@ -100,14 +100,21 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
+        """Claim a free slot, else (if the deadline allows) wait in the queue. Where this
+        process's last release of the name handed its slot to a waiter, a wait queues
+        at once: others most likely still wait, and a newcomer's claim, which yields to
+        every live waiter, would cost a round trip to fail. Were the queue empty by
+        then, the head of it claims the free slot after one more round trip."""
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
-        grant = self._claim(request, key, NEWCOMER)
-        if grant is not None or (deadline is not None and time.monotonic() >= deadline):
-            return grant
+        may_wait = deadline is None or time.monotonic() < deadline
+        if not (may_wait and key in self._contended_names):
+            grant = self._claim(request, key, NEWCOMER)
+            if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+                return grant
         grant = self._wait_in_queue(request, key, deadline, abort)
         if grant is not None:
-            self._note_queued_grant(grant.token)
+            self._queued_grants.add(grant.token)
         return grant
 
     def _refuse_inside_sqlite_transaction(self) -> None:
@@ -135,15 +142,20 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         if its claim waited on the slot's row lock, else at its next poll
         (``NOTIFIED_POLL``). Nobody barges in meanwhile: a claim never passes a
         live waiter. A grant this process got by waiting in the queue goes straight
-        to the hand-over: others most likely still wait."""
+        to the hand-over: others most likely still wait. A release that handed the
+        slot to a waiter has this process's next acquire of the name queue at once
+        (``acquire``)."""
         hands_over = not cooldown and self.dialect.hand_over is not None
-        if hands_over and self._was_queued_grant(token):
+        handed = False
+        if hands_over and self._queued_grants.forget(token):
             released = 0
         else:
             released = self._release_plainly(token, cooldown, only_if_nobody_waits=hands_over)
         if released != 1 and hands_over:
-            released = self._hand_over(token)
+            released, handed, _ = self._hand_over(token)
         if released == 1:
+            remember = self._contended_names.add if handed else self._contended_names.forget
+            remember(table_key(name))
             release_log.debug("released %s", name)
             return
         expired = self._run(

@@ -40,6 +40,7 @@ from djlocks.backends.lease.store import SLOTS, WAITERS
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import hung_up
 from djlocks.backends.sql import as_datetime, postgresql, sqlite
+from djlocks.backends.sql.dialects import HandOver
 from djlocks.backends.sql.postgresql import HandedOver
 from djlocks.backends.waiting import POLL_MAX, POLL_MIN, Abort
 from djlocks.conf import djlocks_settings
@@ -184,21 +185,21 @@ class LeaseQueue(LeaseClaims):
         except BackendUnavailable as exc:
             acquire_log.debug("could not wake the next waiters of %s: %s", key, exc)
 
-    def _hand_over(self, token: str) -> int:
+    def _hand_over(self, token: str) -> HandOver:
         """Release the grant ``token`` and hand its slot to the head of the queue, in one
         round trip (``LeaseDialect.hand_over``), then wake the heir where that takes a
-        second (MySQL's ``KILL QUERY``); how many slots it released."""
+        second (MySQL's ``KILL QUERY``)."""
         hand_over = self.dialect.hand_over
         assert hand_over is not None
 
-        def release(db: BaseDatabaseWrapper) -> tuple[int, int | None]:
+        def release(db: BaseDatabaseWrapper) -> HandOver:
             with statement_cursor(db) as cursor:
                 return hand_over(cursor, SLOTS, WAITERS, token)
 
-        released, heir = self._run(release)
-        if heir is not None:
-            self._wake(heir)
-        return released
+        done = self._run(release)
+        if done.wake is not None:
+            self._wake(done.wake)
+        return done
 
     def _wake(self, session: int) -> None:
         """End the sleep of the waiter on the server session ``session``

@@ -22,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections, statement_cursor
 from djlocks.backends.driver import refuse_psycopg2
+from djlocks.backends.lease.remembered import Remembered
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.missing_table import missing_table_hint
 from djlocks.backends.primary import refuse_read_only
@@ -40,6 +41,9 @@ DEADLOCK_MESSAGES = ("deadlock", "could not serialize")
 T = TypeVar("T")
 #: Tokens of grants got by waiting that a store remembers, at most (see ``_queued_grants``).
 QUEUED_GRANTS_KEPT = 10_000
+#: Names whose slot a release handed over that a store remembers, at most (see
+#: ``_contended_names``).
+CONTENDED_NAMES_KEPT = 1_000
 #: Seconds a thread's waking session (the one its waits listen or sleep on) may stay
 #: idle before the server closes it: a thread that no longer waits does not keep a
 #: server connection for its life, nor (PostgreSQL) a listener that every ``NOTIFY``
@@ -83,11 +87,13 @@ class LeaseStore(LockBackend):
         self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
         self._host_wakeups: HostWakeups | None = None
-        # Tokens of grants this process got by waiting in the queue (the latest
-        # QUEUED_GRANTS_KEPT, in order): their release hands the slot over without
-        # first trying the plain release that only frees a name nobody waits for.
-        self._queued_grants: dict[str, None] = {}
-        self._queued_grants_guard = fork_safe_lock()
+        # Tokens of grants this process got by waiting in the queue: their release
+        # hands the slot over without first trying the plain release that only frees
+        # a name nobody waits for.
+        self._queued_grants = Remembered(QUEUED_GRANTS_KEPT)
+        # Keys of the names whose last release by this process handed the slot to a
+        # waiter: its next acquire of one queues at once (``LeaseBackend.acquire``).
+        self._contended_names = Remembered(CONTENDED_NAMES_KEPT)
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
@@ -193,18 +199,6 @@ class LeaseStore(LockBackend):
             cursor.execute(sql, params)
             row = cursor.fetchone() if cursor.description else None
             return row, int(cursor.rowcount), int(cursor.lastrowid or 0)
-
-    def _note_queued_grant(self, token: str) -> None:
-        """Remember that the grant ``token`` was got by waiting (``_queued_grants``)."""
-        with self._queued_grants_guard:
-            self._queued_grants[token] = None
-            if len(self._queued_grants) > QUEUED_GRANTS_KEPT:
-                del self._queued_grants[next(iter(self._queued_grants))]
-
-    def _was_queued_grant(self, token: str) -> bool:
-        """Forget the grant ``token``; whether it was got by waiting (``_queued_grants``)."""
-        with self._queued_grants_guard:
-            return self._queued_grants.pop(token, False) is None
 
     @property
     def host_wakeups(self) -> HostWakeups | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -17,6 +17,18 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 #: them, as text on PostgreSQL), the number of rows it returned or changed, and the
 #: last insert id (the value MySQL's ``LAST_INSERT_ID(expr)`` set; 0 on PostgreSQL).
 Outcome = tuple[Sequence[Any] | None, int, int]
+
+
+class HandOver(NamedTuple):
+    """What a release that hands over did (``LeaseDialect.hand_over``)."""
+
+    #: Slots it released: 1, or 0 if the grant had already ended.
+    released: int
+    #: Whether it handed the slot to the head of the queue.
+    handed: bool
+    #: The heir's server session to wake (MySQL's ``KILL QUERY``), or ``None``: nobody
+    #: to wake, or the statement woke the heir itself (PostgreSQL's ``NOTIFY``).
+    wake: int | None = None
 
 
 @dataclass(frozen=True)
@@ -84,9 +96,8 @@ class LeaseDialect:
     ) = None
     #: Releases the grant ``token`` and hands the freed slot to the head of the queue,
     #: fence and all, in one round trip: ``(cursor, slots, waiters, token) ->
-    #: (slots released, the heir's server session to wake or None)``; ``None`` where
-    #: a waiter claims a freed slot.
-    hand_over: Callable[[Any, str, str, str], tuple[int, int | None]] | None = None
+    #: HandOver``; ``None`` where a waiter claims a freed slot.
+    hand_over: Callable[[Any, str, str, str], HandOver] | None = None
     #: Where a waiter sleeps in the server and a hand-over ends the sleep (MySQL's
     #: ``KILL QUERY``): ``(cursor, slots, heir token, the waiter's lease session,
     #: seconds)`` sleeps until the slot is handed over with the token, or is woken, or

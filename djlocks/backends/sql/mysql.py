@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
 from djlocks.backends.sql import giving_back_first
-from djlocks.backends.sql.dialects import LeaseDialect, Outcome
+from djlocks.backends.sql.dialects import HandOver, LeaseDialect, Outcome
 from djlocks.exceptions import LockDeadlock
 
 # -- History (djlocks.events) ------------------------------------------------
@@ -92,13 +92,12 @@ def lease_enqueue(
 HEIR = ("id", "token", "ttl", "host", "pid", "thread", "label", "connection_id")
 
 
-def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, int | None]:
+def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> HandOver:
     """Release the grant ``token`` and hand its slot to the head of the name's queue,
     in one batch of statements and one transaction (as PostgreSQL's
-    ``lease_handing_over`` does in one statement; see its rules). Returns how many
-    slots it released and the server session the heir sleeps on, to wake with
-    ``KILL QUERY`` (``lease_sleep_until_handed``), or ``None`` if nobody was handed
-    the slot.
+    ``lease_handing_over`` does in one statement; see its rules), with the server
+    session the heir sleeps on to wake with ``KILL QUERY``
+    (``lease_sleep_until_handed``).
 
     The batch reads the clock once, as PostgreSQL's one statement does, so that the
     grant's liveness is judged alike before and after its waits for locks. The name
@@ -147,13 +146,14 @@ def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[
             f"WHERE token = %(token)s AND expires_at > {now}; "
             f"SET @djlocks_released = ROW_COUNT(); "
             f"COMMIT; "
-            f"SELECT @djlocks_released, IF({handed}, @djlocks_heir_connection_id, NULL)",
+            f"SELECT @djlocks_released, {handed}, IF({handed}, @djlocks_heir_connection_id, NULL)",
             {"token": token},
         )
         while cursor.nextset():  # each statement's result in turn; an error raises here
             if cursor.description:
-                released, session = cursor.fetchone()
-                return int(released), None if session is None else int(session)
+                released, handed, session = cursor.fetchone()
+                wake = None if session is None else int(session)
+                return HandOver(int(released), bool(handed), wake)
     except BaseException:
         with contextlib.suppress(Exception):
             cursor.execute("ROLLBACK")  # a statement failed: the rest did not run

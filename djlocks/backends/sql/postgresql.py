@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from djlocks.backends.prepared import prepare_where_direct
 from djlocks.backends.server_records import HOLDER_COLUMNS, OVERWRITTEN, RecordTables
-from djlocks.backends.sql.dialects import LeaseDialect, Outcome, counting_ahead
+from djlocks.backends.sql.dialects import HandOver, LeaseDialect, Outcome, counting_ahead
 
 # -- History (djlocks.events) ------------------------------------------------
 
@@ -278,12 +278,13 @@ def positional(sql: str) -> tuple[str, tuple[str, ...]]:
     return NAMED_PLACEHOLDER.sub("%s", sql), tuple(NAMED_PLACEHOLDER.findall(sql))
 
 
-def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> tuple[int, None]:
+def lease_hand_over(cursor: Any, slots: str, waiters: str, token: str) -> HandOver:
     """Release the grant ``token`` and hand its slot over (``lease_handing_over``) on
-    the cursor's connection, through libpq (``run_at_once``): how many slots it
-    released; the heir is woken by the statement's ``NOTIFY``."""
+    the cursor's connection, through libpq (``run_at_once``); the heir is woken by the
+    statement's ``NOTIFY``."""
     handing_over = lease_handing_over(slots, waiters)
-    return run_at_once(cursor.connection, handing_over, (token, token, token))[1], None
+    row, released, _ = run_at_once(cursor.connection, handing_over, (token, token, token))
+    return HandOver(released, row is not None and row[1] == "t")
 
 
 def lease_enqueue(
