@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from djlocks import AlreadyHeld, Lock, LockLost, NotAcquired, NotHeld, db_lock, db_semaphore
 from djlocks.backends import backends
@@ -302,27 +302,33 @@ def test_after_handing_the_lock_over_a_process_queues_at_once_and_is_served(
     monkeypatch.setattr(type(backend), "_claim", counting)
     holder = Lock("contract:queue-first", ttl=5)
     assert holder.acquire(timeout=1)
-    granted, leave = threading.Event(), threading.Event()
+    granted = threading.Event()
 
     def wait_then_hold() -> None:
-        with db_lock("contract:queue-first", timeout=10):
-            granted.set()
-            leave.wait(10)
+        try:
+            with db_lock("contract:queue-first", timeout=10):
+                granted.set()
+                _until_someone_waits_for("contract:queue-first")  # the holder, queued
+        finally:
+            connections.close_all()  # this thread's, which the look at the queue opened
 
     waiter = threading.Thread(target=wait_then_hold)
     waiter.start()
-    until_queued = time.monotonic() + 5
-    while not backend.waiters("contract:queue-first"):
-        assert time.monotonic() < until_queued, "the waiter never queued"
-        time.sleep(0.01)
+    _until_someone_waits_for("contract:queue-first")
     holder.release()  # handed over to the waiter
     assert granted.wait(5)
     claims_before = len(newcomer_claims)
-    leave.set()  # the waiter releases while this acquire queues, or before
-    assert holder.acquire(timeout=5)
+    assert holder.acquire(timeout=5)  # queues; the waiter then hands the lock over
     assert len(newcomer_claims) == claims_before, "it tried a newcomer's claim first"
-    holder.release()  # nobody waits now: a plain release, and the next acquire claims
     waiter.join(5)
+    holder.release()  # nobody waits now: a plain release, and the next acquire claims
     assert holder.acquire(timeout=1)
     holder.release()
     assert len(newcomer_claims) == claims_before + 1
+
+
+def _until_someone_waits_for(name: str) -> None:
+    deadline = time.monotonic() + 5
+    while not backends["default"].waiters(name):
+        assert time.monotonic() < deadline, f"nobody queued for {name!r}"
+        time.sleep(0.01)

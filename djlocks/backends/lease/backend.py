@@ -104,7 +104,8 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         process's last release of the name handed its slot to a waiter, a wait queues
         at once: others most likely still wait, and a newcomer's claim, which yields to
         every live waiter, would cost a round trip to fail. Were the queue empty by
-        then, the head of it claims the free slot after one more round trip."""
+        then, the head of it claims the free slot and leaves the queue: two round trips
+        more than a newcomer's claim."""
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
         may_wait = deadline is None or time.monotonic() < deadline

@@ -21,18 +21,32 @@ from djlocks.backends.sql.dialects import HandOver, LeaseDialect, Outcome, count
 HISTORY_SESSION: str | None = "SET synchronous_commit TO off"
 
 
+#: Run on each lease connection as it opens: its commits wait for the WAL flush even
+#: where the server or role defaults to ``synchronous_commit = off``, so that a crash
+#: never takes back a grant or a renewal; a stronger level (waiting for standbys) is kept.
+LEASE_COMMITS_FLUSHED = (
+    "SELECT set_config('synchronous_commit', 'on', false) "
+    "WHERE current_setting('synchronous_commit') = 'off'"
+)
+
+
 def unflushed_commit(where: str | None = None) -> str:
     """SQL that lets the statement's transaction commit without waiting for the WAL
-    flush, or only ``where`` (SQL) is true: ``synchronous_commit`` off for this
+    flush (with ``where``, SQL, only where it is true; else the session's level stays
+    as it is): ``synchronous_commit`` off for this
     transaction alone, as ``SET LOCAL`` would (the PostgreSQL manual, "Asynchronous
     Commit"; ``set_config`` with ``is_local``). A statement run on its own is its own
     transaction, so this needs no round trip of its own; place it where the statement
     evaluates it once its rows are known (a ``RETURNING`` list, the outer select). Such
     a commit is visible at once. A server crash within about three times
     ``wal_writer_delay`` can undo it, but never a later commit that waited for the
-    flush: the WAL is written in order. For writes a crash may undo (a place in the
-    queue, a release), never for a grant, a renewal or a cool-down."""
-    value = "'off'" if where is None else f"CASE WHEN {where} THEN 'off' ELSE 'on' END"
+    flush: the WAL is written in order. For writes a crash may undo (a release that
+    hands nothing over), never for a grant, a renewal or a cool-down."""
+    value = (
+        "'off'"
+        if where is None
+        else f"CASE WHEN {where} THEN 'off' ELSE current_setting('synchronous_commit') END"
+    )
     return f"set_config('synchronous_commit', {value}, true)"
 
 
@@ -292,12 +306,10 @@ def lease_enqueue(
 ) -> tuple[int, int]:
     """Run ``insert``, of a waiter row, on the cursor's connection through libpq
     (``run_at_once``): the row's id, its ticket, and how many live waiters of the name
-    are ahead of it (``counting_ahead``), in one statement. It commits without waiting
-    for the WAL flush (``unflushed_commit``): a place in the queue need not outlive a
-    crash, which ends its waiter's session too, and the hand-over that grants it a
-    slot flushes it first (the WAL is written in order)."""
-    enqueue = f"{counting_ahead(insert, waiters, now)}, {unflushed_commit()}"
-    row = run_at_once(cursor.connection, enqueue, params)[0]
+    are ahead of it (``counting_ahead``), in one statement. It waits for the WAL flush:
+    a place that a crash took back would leave its waiter out of the queue, and its
+    ticket (from a sequence, which a crash can set back) could be another waiter's."""
+    row = run_at_once(cursor.connection, counting_ahead(insert, waiters, now), params)[0]
     assert row is not None, "an INSERT ... RETURNING returns its row"
     return int(row[0]), int(row[1])
 
@@ -345,7 +357,7 @@ LEASE = LeaseDialect(
     read_notices=read_notices,
     idle_limit=lambda seconds: f"SET idle_session_timeout = {seconds * 1000}",
     # run_at_once reads moments as text: in the format Django's parse_datetime reads.
-    session_setup=("SET DateStyle TO ISO",),
+    session_setup=("SET DateStyle TO ISO", LEASE_COMMITS_FLUSHED),
     opened=prepare_where_direct,
     seconds_until="EXTRACT(EPOCH FROM {} - statement_timestamp())",
     run_at_once=run_at_once,
