@@ -97,23 +97,16 @@ def test_a_hand_over_that_finds_nobody_does_not() -> None:
 
 
 @pytest.mark.usefixtures("lease_session")
-def test_a_release_of_a_name_nobody_waits_for_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    release = _release_statement(0, monkeypatch)
+@pytest.mark.parametrize(("cooldown", "waits"), [(0, False), (60, True)])
+def test_a_release_of_a_name_nobody_waits_for_waits_only_with_a_cooldown(
+    cooldown: float, waits: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = _release_statement(cooldown, monkeypatch)
     with connection.cursor() as cursor:
         _held_slot(cursor)
         cursor.execute(*release)
         assert cursor.rowcount == 1
-    assert not _commit_waits_for_the_flush()
-
-
-@pytest.mark.usefixtures("lease_session")
-def test_a_release_with_a_cooldown_waits_for_the_flush(monkeypatch: pytest.MonkeyPatch) -> None:
-    release = _release_statement(60, monkeypatch)
-    with connection.cursor() as cursor:
-        _held_slot(cursor)
-        cursor.execute(*release)
-        assert cursor.rowcount == 1
-    assert _commit_waits_for_the_flush()
+    assert _commit_waits_for_the_flush() is waits
 
 
 @pytest.mark.usefixtures("lease_session")
