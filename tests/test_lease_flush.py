@@ -121,19 +121,28 @@ def test_a_place_in_the_queue_waits_for_the_flush() -> None:
 
 @pytest.fixture
 def own_connection(transactional_db: None) -> Iterator[Any]:
-    """A cursor on a lease connection of the test's own (autocommit), and the rows it
-    writes removed afterwards."""
+    """A cursor on a lease connection of the test's own (autocommit), set up as the
+    lease store sets its connections up on a server whose default is
+    ``synchronous_commit = off``, and the rows it writes removed afterwards."""
     connections = DedicatedConnections("default")
     wrapper = connections.get()
     wrapper.set_autocommit(True)
     try:
         with wrapper.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO off")  # as a server or role may
             for statement in LEASE.session_setup:
                 cursor.execute(statement)
             yield cursor
             cursor.execute(f"DELETE FROM {SLOTS} WHERE name_key = %s", (KEY,))
     finally:
         connections.discard()
+
+
+def test_a_lease_connection_waits_for_the_flush_where_the_server_would_not(
+    own_connection: Any,
+) -> None:
+    own_connection.execute("SHOW synchronous_commit")
+    assert own_connection.fetchone()[0] == "on"
 
 
 def test_skipping_the_flush_ends_with_the_release(

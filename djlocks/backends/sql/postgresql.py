@@ -33,9 +33,9 @@ LEASE_COMMITS_FLUSHED = (
 def unflushed_commit(where: str | None = None) -> str:
     """SQL that lets the statement's transaction commit without waiting for the WAL
     flush (with ``where``, SQL, only where it is true; else the session's level stays
-    as it is): ``synchronous_commit`` off for this
-    transaction alone, as ``SET LOCAL`` would (the PostgreSQL manual, "Asynchronous
-    Commit"; ``set_config`` with ``is_local``). A statement run on its own is its own
+    as it is): ``synchronous_commit`` off for this transaction alone, as ``SET LOCAL``
+    would (the PostgreSQL manual, "Asynchronous Commit"; ``set_config`` with
+    ``is_local``). A statement run on its own is its own
     transaction, so this needs no round trip of its own; place it where the statement
     evaluates it once its rows are known (a ``RETURNING`` list, the outer select). Such
     a commit is visible at once. A server crash within about three times
