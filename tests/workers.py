@@ -145,6 +145,16 @@ def take_and_release(name: str, times: int) -> None:
             pass
 
 
+def take_and_release_until(name: str, stop: Any, grants: Any) -> None:
+    """Take and release ``name`` again and again until ``stop`` is set, counting each
+    grant in ``grants`` (a shared ``Value``) as it begins."""
+    from djlocks import db_lock
+
+    while not stop.is_set():
+        with db_lock(name, timeout=30), grants.get_lock():
+            grants.value += 1
+
+
 def hold_then_report(
     name: str, ttl: float, report: Any, hold: float, backend: str = "default"
 ) -> None:

@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Collection
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 
 from django.core.checks import CheckMessage, Error
@@ -109,11 +110,15 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
         key = table_key(request.name)
         self._refuse_inside_sqlite_transaction()
         may_wait = deadline is None or time.monotonic() < deadline
-        if not (may_wait and key in self._contended_names):
-            grant = self._claim(request, key, NEWCOMER)
-            if grant is not None or (deadline is not None and time.monotonic() >= deadline):
-                return grant
-        grant = self._wait_in_queue(request, key, deadline, abort)
+        with ExitStack() as arrival:
+            # Where operations take turns (SQLite), the claim and the place in the queue
+            # are one turn: nobody releases and claims again in between.
+            arrival.enter_context(self._turn())
+            if not (may_wait and key in self._contended_names):
+                grant = self._claim(request, key, NEWCOMER)
+                if grant is not None or (deadline is not None and time.monotonic() >= deadline):
+                    return grant
+            grant = self._wait_in_queue(request, key, deadline, abort, arrival)
         if grant is not None:
             self._queued_grants.add(grant.token)
         return grant

@@ -27,7 +27,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Sequence
-from contextlib import closing
+from contextlib import ExitStack, closing
 from typing import Any
 
 from django.db import DatabaseError, Error
@@ -67,7 +67,10 @@ class LeaseQueue(LeaseClaims):
         key: str,
         deadline: float | None,
         abort: Abort | None,
+        arrival: ExitStack,
     ) -> GrantRecord | None:
+        """Queue for a slot and wait for it until ``deadline``; ``arrival`` (the caller's
+        turn at the store, if it takes one) is closed once the place is taken."""
         waiter_ttl = float(djlocks_settings()["WAITER_TTL"])
         slow_poll = float(djlocks_settings()["POLL_INTERVAL"])
         self._leave_abandoned_places()
@@ -81,6 +84,7 @@ class LeaseQueue(LeaseClaims):
         ticket, counted, served = self._run(
             self._enqueuing(request, key, waiter_ttl, heir_token, sleeper)
         )
+        arrival.close()
         if served is not None:
             return served  # a release served its first enqueue, whose reply was lost
         assert ticket is not None

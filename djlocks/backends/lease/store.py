@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError
@@ -22,6 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections, statement_cursor
 from djlocks.backends.driver import refuse_psycopg2
+from djlocks.backends.lease.gate import WriteGate
 from djlocks.backends.lease.remembered import Remembered
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.missing_table import missing_table_hint
@@ -87,6 +88,7 @@ class LeaseStore(LockBackend):
         self._shaped: dict[tuple[str, int], float] = {}
         self._dialect: LeaseDialect | None = None
         self._host_wakeups: HostWakeups | None = None
+        self._write_gate: WriteGate | None = None
         # Tokens of grants this process got by waiting in the queue: their release
         # hands the slot over without first trying the plain release that only frees
         # a name nobody waits for.
@@ -165,7 +167,7 @@ class LeaseStore(LockBackend):
         while True:
             try:
                 wrapper = self._connections.get()
-                with wrapper.wrap_database_errors:
+                with wrapper.wrap_database_errors, self._turn():
                     return operation(wrapper)
             except DatabaseError as exc:
                 if contended and is_deadlock(exc):
@@ -182,6 +184,17 @@ class LeaseStore(LockBackend):
                     f"djlocks backend {self.alias!r} could not use database "
                     f"{self.using!r}: {exc}.{missing_table_hint(exc)}"
                 ) from exc
+
+    def _turn(self) -> AbstractContextManager[None]:
+        """This thread's turn at the store, where its operations take turns
+        (``LeaseDialect.write_gate``); else nothing to wait for."""
+        if not self.dialect.write_gate:
+            return nullcontext()
+        if self._write_gate is None:
+            from django.db import connections
+
+            self._write_gate = WriteGate(str(connections[self.using].settings_dict["NAME"]))
+        return self._write_gate.turn()
 
     def _execute(self, db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
         """Run one statement (``%s`` placeholders); the number of rows it changed, or

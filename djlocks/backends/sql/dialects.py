@@ -84,6 +84,10 @@ class LeaseDialect:
     #: operating system (``lease.wakeups``: SQLite, whose processes share one host);
     #: ``None`` where releases wake waiters otherwise.
     returning_heads: Callable[[str, str, str], str] | None = None
+    #: Whether each lease operation of this host first waits for its turn at a file
+    #: lock beside the database (``lease.gate``: SQLite, whose write lock lets a
+    #: process that found it taken sleep while the releaser claims again).
+    write_gate: bool = False
     #: Called with each dedicated connection (its Django wrapper) as it opens, after
     #: ``session_setup``.
     opened: Callable[[BaseDatabaseWrapper], object] | None = None

@@ -47,4 +47,5 @@ LEASE = LeaseDialect(
     begin="BEGIN IMMEDIATE",
     seconds_param=lambda seconds: f"{seconds:+.3f} seconds",
     returning_heads=lease_returning_heads,
+    write_gate=True,
 )

@@ -1,0 +1,146 @@
+"""SQLite lease operations take turns at a file lock beside the database (``lease.gate``).
+
+Without it, a newcomer that found SQLite's write lock taken slept in SQLite's busy
+handler while a process that released and claimed in a loop committed again
+and again: it was overtaken by grants it had asked before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from djlocks import db_lock
+from djlocks.backends.lease.gate import NEXT, TURN, WriteGate
+from tests.faults import until
+from tests.workers import CONTEXT, start_worker, take_and_release_until
+
+pytestmark = pytest.mark.timeout(120)
+
+#: Seconds after which a turn that should have been given is taken as never given.
+PATIENCE = 5.0
+#: Times a newcomer asks for a lock that another process releases and claims in a loop.
+ROUNDS = 100
+
+
+@pytest.mark.skipif(
+    connection.vendor != "sqlite",
+    reason="not applicable: the servers' queues are entered in the server (the sqlite run)",
+)
+@pytest.mark.usefixtures("store")
+def test_a_newcomer_is_not_overtaken_by_a_process_that_releases_and_claims_in_a_loop() -> None:
+    """Each time the newcomer asks, the looping process may finish the grant it had,
+    and at times one it was claiming as the newcomer asked: about one per round
+    (0.5 to 0.7 with two processes spinning on this machine's two cores). Before
+    the turns, the newcomer slept in SQLite's busy handler while the loop went on:
+    3 to 6 grants per round, 20 to 50 in some."""
+    stop, grants = CONTEXT.Event(), CONTEXT.Value("q", 0)
+    looper = start_worker(take_and_release_until, "gate:loop", stop, grants)
+    overtaken = []
+    try:
+        until(lambda: grants.value >= 20, timeout=60, what="the loop's first grants")
+        with db_lock("gate:loop", timeout=30):  # this process's connection opens: not timed
+            pass
+        for _ in range(ROUNDS):
+            asked = grants.value
+            with db_lock("gate:loop", timeout=30):
+                overtaken.append(grants.value - asked)
+            time.sleep(0.005)  # the loop takes the lock again meanwhile
+    finally:
+        stop.set()
+        looper.join(30)
+    assert looper.exitcode == 0
+    assert sum(overtaken) <= 2 * ROUNDS, (
+        f"grants that overtook the newcomer, per round: {overtaken}"
+    )
+
+
+def _blocks_until_given_up(gate: WriteGate, give_up: Any) -> None:
+    """Assert that a new thread's turn at ``gate`` waits while the turn is held elsewhere,
+    and begins once ``give_up()`` ends that turn."""
+    entered = threading.Event()
+
+    def other() -> None:
+        with gate.turn():
+            entered.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    assert not entered.wait(0.3), "got a turn that was held elsewhere"
+    give_up()
+    assert entered.wait(PATIENCE), "never got the turn given up"
+    thread.join()
+
+
+def test_threads_of_one_process_take_turns(tmp_path: Path) -> None:
+    gate = WriteGate(str(tmp_path / "db.sqlite3"))
+    turn = gate.turn()
+    turn.__enter__()
+    _blocks_until_given_up(gate, lambda: turn.__exit__(None, None, None))
+
+
+def test_a_turn_inside_a_turn_is_already_held(tmp_path: Path) -> None:
+    gate = WriteGate(str(tmp_path / "db.sqlite3"))
+    outer = gate.turn()
+    outer.__enter__()
+    with gate.turn():  # no second flock, which would wait for this thread's own
+        pass
+    _blocks_until_given_up(gate, lambda: outer.__exit__(None, None, None))
+
+
+def _hold_turn(database: str, holding: Any, leave: Any) -> None:
+    with WriteGate(database).turn():
+        holding.set()
+        leave.wait(PATIENCE)
+
+
+def test_processes_take_turns_at_a_file_beside_the_database(tmp_path: Path) -> None:
+    database = str(tmp_path / "db.sqlite3")
+    holding, leave = CONTEXT.Event(), CONTEXT.Event()
+    child = CONTEXT.Process(target=_hold_turn, args=(database, holding, leave), daemon=True)
+    child.start()
+    try:
+        assert holding.wait(PATIENCE)
+        _blocks_until_given_up(WriteGate(database), leave.set)
+    finally:
+        leave.set()
+        child.join(PATIENCE)
+    assert (tmp_path / f"db.sqlite3{NEXT}").exists()
+    assert (tmp_path / f"db.sqlite3{TURN}").exists()
+
+
+def test_a_forked_child_takes_turns_with_its_parent(tmp_path: Path) -> None:
+    gate = WriteGate(str(tmp_path / "db.sqlite3"))
+    with gate.turn():
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: its turn must wait for the parent's (a file of its own)
+            os.close(reader)
+            began = time.monotonic()
+            with gate.turn():
+                os.write(writer, str(time.monotonic() - began).encode())
+            os._exit(0)
+        os.close(writer)
+        time.sleep(0.3)
+    waited = float(os.read(reader, 64))
+    os.waitpid(pid, 0)
+    assert waited >= 0.25, f"the child got its turn while its parent held it ({waited:.3f} s)"
+
+
+def test_a_gate_that_cannot_be_opened_warns_once_and_lets_operations_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = WriteGate(str(tmp_path / "gone" / "db.sqlite3"))  # no such directory
+    with caplog.at_level(logging.WARNING, "djlocks.acquire"):
+        for _ in range(2):
+            with gate.turn():
+                pass
+    warnings = [record for record in caplog.records if "take no turns" in record.getMessage()]
+    assert len(warnings) == 1
