@@ -39,6 +39,7 @@ from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.backends.redis import RedisBackend
+from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
 from djlocks.fencing import StaleFence, fenced_update
@@ -264,6 +265,25 @@ def test_waiters_are_woken_at_once_when_the_path_works() -> None:
     waiter.join(15)
     assert got, "the waiter was not woken by the release"
     assert got[0] - released < 5, "well before any poll"
+
+
+def test_a_wake_listener_whose_client_cannot_be_had_ends_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A misconfigured backend says so in the caller's thread, which builds the same
+    client; the listener's thread, started by the first waiter, ends quietly (it
+    printed a second, thread-level traceback under ``runlocked``'s error)."""
+    uncaught: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+
+    def misconfigured() -> redis.Redis:
+        raise ImproperlyConfigured("CACHES['nowhere'] cannot be used")
+
+    listener = WakeListener(misconfigured, "djlocks-test")
+    with listener.waiting("a-waiter"):  # waits up to a second for a subscription
+        pass
+    listener.close()  # joins the listener's thread
+    assert not uncaught, [str(args.exc_value) for args in uncaught]
 
 
 def _acquire_and_release(name: str) -> float:

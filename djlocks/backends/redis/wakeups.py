@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
@@ -178,8 +179,19 @@ class WakeListener:
 
     def _listen(self, run: _Run) -> None:
         """The listener's thread: listens at the first server ``servers`` gives (on a
-        cluster, a master), and starts a thread for each other."""
-        first, *others = servers(self._client()).items()
+        cluster, a master), and starts a thread for each other. Where the client cannot
+        be had, the run ends and its waiters poll: a backend that is misconfigured
+        (``ImproperlyConfigured``) says so in the caller's thread, which builds the same
+        client; a cluster that cannot be reached is logged."""
+        try:
+            first, *others = servers(self._client()).items()
+        except ImproperlyConfigured:
+            run.stop.set()
+            return
+        except (RedisError, RedisClusterException) as exc:
+            wakeup_log.warning("cannot listen for wake-ups (%s); waiters poll meanwhile", exc)
+            run.stop.set()
+            return
         for where, server in others:
             thread = threading.Thread(
                 target=self._listen_on,
