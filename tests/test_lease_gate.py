@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 from djlocks import db_lock
-from djlocks.backends.lease.gate import NEXT, TURN, WriteGate
+from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, write_gate
 from tests.faults import until
 from tests.workers import CONTEXT, start_worker, take_and_release_until
 
@@ -93,6 +93,17 @@ def test_a_turn_inside_a_turn_is_already_held(tmp_path: Path) -> None:
     with gate.turn():  # no second flock, which would wait for this thread's own
         pass
     _blocks_until_given_up(gate, lambda: outer.__exit__(None, None, None))
+
+
+@pytest.mark.timeout(10)
+def test_one_gate_per_database_file_so_a_turn_never_waits_for_itself(tmp_path: Path) -> None:
+    """Two gates of one file (two backends on it, or two threads making a backend's
+    first at once) would each open their own descriptors: a turn held through one
+    would wait for itself at the other, for ever."""
+    database = tmp_path / "db.sqlite3"
+    assert write_gate(str(database)) is write_gate(str(tmp_path / "." / "db.sqlite3"))
+    with write_gate(str(database)).turn(), write_gate(str(database)).turn():
+        pass
 
 
 def _hold_turn(database: str, holding: Any, leave: Any) -> None:

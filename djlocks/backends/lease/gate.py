@@ -44,8 +44,27 @@ acquire_log = logging.getLogger("djlocks.acquire")
 NEXT, TURN = "-djlocks-next", "-djlocks-turn"
 
 
+#: The gate of each database file in this process, by its real path (``write_gate``).
+_GATES: dict[str, WriteGate] = {}
+_GATES_GUARD = threading.Lock()
+
+
+def write_gate(database: str) -> WriteGate:
+    """This process's one gate of the SQLite database file ``database``. One per file:
+    a thread whose turn is held through one gate would wait for itself at another
+    (each has its own descriptors), were two made, by two backends on one file or by
+    two threads that asked for a backend's first at once."""
+    path = os.path.realpath(database)
+    with _GATES_GUARD:
+        gate = _GATES.get(path)
+        if gate is None:
+            gate = _GATES[path] = WriteGate(path)
+        return gate
+
+
 class WriteGate:
-    """The turns of this host's lease operations on the SQLite database file ``database``."""
+    """The turns of this host's lease operations on the SQLite database file ``database``
+    (make it with ``write_gate``)."""
 
     def __init__(self, database: str) -> None:
         self.database = os.path.realpath(database)

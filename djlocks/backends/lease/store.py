@@ -22,7 +22,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import DATABASE_OPTIONS, LockBackend, database_alias
 from djlocks.backends.dedicated import DedicatedConnections, statement_cursor
 from djlocks.backends.driver import refuse_psycopg2
-from djlocks.backends.lease.gate import WriteGate
+from djlocks.backends.lease.gate import WriteGate, write_gate
 from djlocks.backends.lease.remembered import Remembered
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.missing_table import missing_table_hint
@@ -193,7 +193,7 @@ class LeaseStore(LockBackend):
         if self._write_gate is None:
             from django.db import connections
 
-            self._write_gate = WriteGate(str(connections[self.using].settings_dict["NAME"]))
+            self._write_gate = write_gate(str(connections[self.using].settings_dict["NAME"]))
         return self._write_gate.turn()
 
     def _execute(self, db: BaseDatabaseWrapper, sql: str, params: Sequence[object]) -> int:
