@@ -340,7 +340,10 @@ class Lock:
 
     async def __aenter__(self) -> Grant:
         self._refuse_skip_in_a_block()
-        return self._granted_or_busy(await self._aacquire_grant(True, _USE_SPEC))
+        grant = await self._aacquire_grant(True, _USE_SPEC)
+        if grant is None:  # the message asks the store: not in the event loop
+            raise await sync_to_async(self._not_acquired, thread_sensitive=False)()
+        return grant
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.arelease()
@@ -414,8 +417,29 @@ class Lock:
 
     def _granted_or_busy(self, grant: Grant | None) -> Grant:
         if grant is None:
-            raise NotAcquired(f"{self.name!r} was not acquired within {self.timeout} s.")
+            raise self._not_acquired()
         return grant
+
+    def _not_acquired(self) -> NotAcquired:
+        """The ``NotAcquired`` of an acquire that timed out: it names the cool-down that
+        holds the name's released slots back, if one does (asked of the store: a
+        cool-down, unlike a holder, is easy to miss in the store's listings)."""
+        message = f"{self.name!r} was not acquired within {self.timeout} s."
+        backend = self.backend
+        if backend.capabilities.cooldowns:
+            try:
+                cooling = backend.cooldowns(self.name)
+            except Exception:  # the store failed meanwhile: the message says what it knows
+                acquire_log.debug("cannot read the cool-downs of %s", self.name, exc_info=True)
+                cooling = []
+            if cooling:
+                first = min(cooldown.until for cooldown in cooling)
+                message += (
+                    f" A cool-down (a release's cooldown) holds back {len(cooling)} of its "
+                    f"released slot(s); the first can be granted again at "
+                    f"{first.isoformat(sep=' ', timespec='seconds')}."
+                )
+        return NotAcquired(message)
 
     def _refuse_skip_in_a_block(self) -> None:
         if self.on_busy == "skip":

@@ -167,7 +167,7 @@ def test_a_semaphore_grants_its_limit_of_slots_or_is_refused(backend: str) -> No
 
 
 def test_a_cooldown_holds_the_name_back_or_is_refused(backend: str) -> None:
-    lock = Lock("contract:cool", backend=backend, ttl=5, cooldown=0.6)
+    lock = Lock("contract:cool", backend=backend, ttl=5, cooldown=2)
     if not can(backend).cooldowns:
         with pytest.raises(ValueError, match="cool-down"):
             lock.acquire(timeout=0)
@@ -177,6 +177,12 @@ def test_a_cooldown_holds_the_name_back_or_is_refused(backend: str) -> None:
         pass
     assert not Lock("contract:cool", backend=backend).acquire(timeout=0)
     assert backends[backend].cooldowns("contract:cool"), "the cool-down is shown"
+    held_back = r"cool-down \(a release.s cooldown\) holds back 1 of its"
+    with (
+        pytest.raises(NotAcquired, match=held_back),
+        Lock("contract:cool", backend=backend, timeout=0),
+    ):
+        pass
     later = Lock("contract:cool", backend=backend)
     assert later.acquire(timeout=5), "free once the cool-down is over"
     later.release()
