@@ -483,7 +483,10 @@ class Lock:
 
             @functools.wraps(func)
             async def async_locked(*args: Any, **kwargs: Any) -> Any:
-                if not spec._granted_for_call(await spec._aacquire_grant(True, _USE_SPEC)):
+                grant = await spec._aacquire_grant(True, _USE_SPEC)
+                if grant is None and spec.on_busy != "skip":  # asks the store: off the loop
+                    raise await sync_to_async(spec._not_acquired, thread_sensitive=False)()
+                if not spec._granted_for_call(grant):
                     return None
                 async with contextlib.AsyncExitStack() as releasing:
                     releasing.push_async_exit(spec)

@@ -188,6 +188,22 @@ def test_a_cooldown_holds_the_name_back_or_is_refused(backend: str) -> None:
     later.release()
 
 
+def test_an_async_call_held_back_by_a_cooldown_is_told_so(backend: str) -> None:
+    """The cool-down is read off the event loop (there the lease backend's reads were
+    refused, and the message lost it)."""
+    if not can(backend).cooldowns or can(backend).in_caller_transaction:
+        return  # no cool-downs (the test above), or no async acquires
+    with Lock("contract:cool-async", backend=backend, ttl=5, cooldown=5):
+        pass
+
+    @Lock("contract:cool-async", backend=backend, timeout=0)
+    async def job() -> None:
+        raise AssertionError("ran while held back")
+
+    with pytest.raises(NotAcquired, match="holds back 1 of its released slot"):
+        asyncio.run(job())
+
+
 def test_a_sweep_removes_idle_names_and_one_that_comes_back_gets_higher_fences(
     backend: str,
 ) -> None:

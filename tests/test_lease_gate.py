@@ -7,8 +7,10 @@ and again: it was overtaken by grants it had asked before.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from django.db import connection
 from djlocks import db_lock
 from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, write_gate
 from tests.faults import until
+from tests.processes import fork_beside_threads
 from tests.workers import CONTEXT, start_worker, take_and_release_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,19 +67,22 @@ def test_a_newcomer_is_not_overtaken_by_a_process_that_releases_and_claims_in_a_
 
 def _blocks_until_given_up(gate: WriteGate, give_up: Any) -> None:
     """Assert that a new thread's turn at ``gate`` waits while the turn is held elsewhere,
-    and begins once ``give_up()`` ends that turn."""
+    and begins once ``give_up()`` ends that turn (given up whatever happens, so that a
+    failure leaves no thread waiting)."""
     entered = threading.Event()
 
     def other() -> None:
         with gate.turn():
             entered.set()
 
-    thread = threading.Thread(target=other)
+    thread = threading.Thread(target=other, daemon=True)
     thread.start()
-    assert not entered.wait(0.3), "got a turn that was held elsewhere"
-    give_up()
+    try:
+        assert not entered.wait(0.3), "got a turn that was held elsewhere"
+    finally:
+        give_up()
     assert entered.wait(PATIENCE), "never got the turn given up"
-    thread.join()
+    thread.join(PATIENCE)
 
 
 def test_threads_of_one_process_take_turns(tmp_path: Path) -> None:
@@ -107,7 +113,7 @@ def test_one_gate_per_database_file_so_a_turn_never_waits_for_itself(tmp_path: P
 
 
 def _hold_turn(database: str, holding: Any, leave: Any) -> None:
-    with WriteGate(database).turn():
+    with write_gate(database).turn():
         holding.set()
         leave.wait(PATIENCE)
 
@@ -128,21 +134,62 @@ def test_processes_take_turns_at_a_file_beside_the_database(tmp_path: Path) -> N
 
 
 def test_a_forked_child_takes_turns_with_its_parent(tmp_path: Path) -> None:
-    gate = WriteGate(str(tmp_path / "db.sqlite3"))
+    gate = write_gate(str(tmp_path / "db.sqlite3"))
+    reader, writer = os.pipe()
     with gate.turn():
-        reader, writer = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: its turn must wait for the parent's (a file of its own)
-            os.close(reader)
-            began = time.monotonic()
+        pid = fork_beside_threads()
+        if pid == 0:  # the child: its turn must wait for the parent's (files of its own)
+            os.write(writer, b"w")
             with gate.turn():
-                os.write(writer, str(time.monotonic() - began).encode())
+                os.write(writer, b"g")
             os._exit(0)
-        os.close(writer)
+        assert os.read(reader, 1) == b"w"
         time.sleep(0.3)
-    waited = float(os.read(reader, 64))
+        os.set_blocking(reader, False)
+        with contextlib.suppress(BlockingIOError):
+            assert not os.read(reader, 1), "the child got its turn while its parent held it"
+    os.set_blocking(reader, True)
+    assert os.read(reader, 1) == b"g", "the child never got its turn"
     os.waitpid(pid, 0)
-    assert waited >= 0.25, f"the child got its turn while its parent held it ({waited:.3f} s)"
+
+
+def _hold_turn_and_fork(database: str, report: Any) -> None:
+    """Take a turn, fork a child that sleeps, report the child's pid, and wait to be
+    killed, the turn held."""
+    with write_gate(database).turn():
+        child = fork_beside_threads()
+        if child == 0:
+            time.sleep(PATIENCE * 4)
+            os._exit(0)
+        report.put(child)
+        time.sleep(PATIENCE * 4)
+
+
+def test_a_parent_killed_during_its_turn_leaves_no_turn_held_by_its_child(
+    tmp_path: Path,
+) -> None:
+    """A forked child (Celery's prefork pool, multiprocessing) lets go of the turn it
+    inherited: else a parent killed during a turn (SIGKILL, the OOM killer) would leave
+    it held until the child ended."""
+    database = str(tmp_path / "db.sqlite3")
+    report = CONTEXT.Queue()
+    parent = CONTEXT.Process(target=_hold_turn_and_fork, args=(database, report), daemon=True)
+    parent.start()
+    child = report.get(timeout=PATIENCE)
+    try:
+        parent.kill()
+        parent.join(PATIENCE)
+        taken = threading.Event()
+
+        def take() -> None:
+            with write_gate(database).turn():
+                taken.set()
+
+        threading.Thread(target=take, daemon=True).start()
+        assert taken.wait(PATIENCE), "the killed parent's turn is still held (by its child)"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_a_gate_that_cannot_be_opened_warns_once_and_lets_operations_run(
@@ -155,3 +202,15 @@ def test_a_gate_that_cannot_be_opened_warns_once_and_lets_operations_run(
                 pass
     warnings = [record for record in caplog.records if "take no turns" in record.getMessage()]
     assert len(warnings) == 1
+
+
+def test_an_in_memory_database_has_no_turns_and_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level(logging.WARNING, "djlocks.acquire"):
+        for name in ("file:memorydb_default?mode=memory&cache=shared", ":memory:"):
+            with write_gate(name).turn():
+                pass
+    assert list(tmp_path.iterdir()) == []
+    assert not caplog.records

@@ -115,7 +115,7 @@ class LeaseBackend(LeaseQueue, LeaseInspection):
             # are one turn: nobody releases and claims again in between.
             arrival.enter_context(self._turn())
             if not (may_wait and key in self._contended_names):
-                grant = self._claim(request, key, NEWCOMER)
+                grant = self._claim(request, key, NEWCOMER, arrival)
                 if grant is not None or (deadline is not None and time.monotonic() >= deadline):
                     return grant
             grant = self._wait_in_queue(request, key, deadline, abort, arrival)

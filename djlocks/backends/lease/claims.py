@@ -16,6 +16,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,8 +65,12 @@ def refuse_too_many_slots(request: AcquireRequest) -> None:
 class LeaseClaims(LeaseStore):
     """Claiming a slot for a caller whose place in the queue is ``ticket``."""
 
-    def _claim(self, request: AcquireRequest, key: str, ticket: int) -> GrantRecord | None:
-        """Try once to take a slot; clean up by token if the outcome is unknown."""
+    def _claim(
+        self, request: AcquireRequest, key: str, ticket: int, arrival: ExitStack | None = None
+    ) -> GrantRecord | None:
+        """Try once to take a slot; clean up by token if the outcome is unknown.
+        ``arrival``, the caller's turn at the store if it holds one, ends before a claim
+        that met contention is tried again: nobody waits for this one's retries."""
         token = secrets.token_hex(16)
         at_once = self._claim_at_once(request)
         self._connections.discard_if_ended()  # a claim is not retried on a failed connection
@@ -91,6 +96,8 @@ class LeaseClaims(LeaseStore):
                     self._shaped[key, request.limit] = time.monotonic()
                     return grant
                 except Contention:
+                    if arrival is not None:
+                        arrival.close()
                     time.sleep(secrets.randbelow(2000) / 1_000_000)
             raise BackendUnavailable(
                 f"djlocks backend {self.alias!r}: {CLAIM_RETRIES} claims of "

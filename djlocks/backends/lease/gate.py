@@ -1,27 +1,35 @@
 """Turns at a SQLite lease store: file locks beside the database, taken around each operation.
 
 SQLite's write lock is not fair. A connection that finds it taken sleeps in
-SQLite's busy handler (1, 2, 5, 10, 15, 20, 25 ms and on) before it tries again,
-and the process that just released a lease can commit its next claim in one of
-those gaps, and the next, and the next: a process on its way into the queue
-(its first claim or its place not yet written) was overtaken again and again
-for up to 25 ms at a time, with 8 processes taking one lease lock.
+SQLite's busy handler (1, 2, 5, 10, 15, 20, 25 ms, and longer later) before it
+tries again, and the process that just released a lease can commit its next
+claim in one of those gaps, and the next, and the next: a process on its way
+into the queue (its first claim or its place not yet written) was overtaken
+again and again, with 8 processes taking one lease lock.
 
 So on SQLite each lease operation of this host first takes its turn, with two
 ``flock(2)`` locks on files beside the database, named after it (as SQLite's own
 ``-wal`` and ``-shm`` are): ``-djlocks-next``, then ``-djlocks-turn``, and it
 lets go of ``-next`` as soon as it has ``-turn``. A process that finds them taken
 sleeps in the kernel, which wakes it as soon as they are unlocked. The one
-waiting for ``-turn`` holds ``-next``, so the process whose turn just ended cannot
-take the next one before it: a turn passes to a waiter whenever there is one.
-Fairness is all this adds: mutual exclusion stays with the lease rows. A
-process that cannot open the files (a directory it may not write to), or a
-system without ``flock`` (Windows), runs its operations without turns, as
-before, after one warning.
+waiting for ``-turn`` holds ``-next``, so the process whose turn just ended
+cannot take the next one before it. (The processes waiting for ``-next`` are
+all woken at once, and the scheduler picks one: the turns are not first come,
+first served, but a process cannot take two turns in a row past a waiter.)
+Fairness is all this adds: mutual exclusion stays with the lease rows.
+
+Operations take no turns where the files cannot be opened or locked (a
+directory the process may not write to, a file system without ``flock``: logged
+once), on a system without ``flock`` (Windows), for an in-memory database
+(nothing beside it, and no other process), and where gevent or eventlet patched
+``threading``: there a process's greenlets share one thread, and one waiting in
+the kernel would stop the greenlet whose turn it waits for.
 
 An ``flock`` belongs to an open file, which a thread shares with its process's
 other threads and a forked child with its parent: each thread opens the files
-once per process, and an operation run inside another takes no second turn.
+once per process, and an operation run inside another takes no second turn. A
+forked child closes the descriptors it inherited from the forking thread as it
+starts, so that a parent killed during a turn does not leave it held.
 """
 
 from __future__ import annotations
@@ -31,6 +39,9 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+
+from djlocks.forksafe import fork_safe_lock
+from djlocks.green import green_threads
 
 try:
     import fcntl
@@ -43,10 +54,9 @@ acquire_log = logging.getLogger("djlocks.acquire")
 #: be next, and the one held for the turn.
 NEXT, TURN = "-djlocks-next", "-djlocks-turn"
 
-
 #: The gate of each database file in this process, by its real path (``write_gate``).
 _GATES: dict[str, WriteGate] = {}
-_GATES_GUARD = threading.Lock()
+_GATES_GUARD = fork_safe_lock()
 
 
 def write_gate(database: str) -> WriteGate:
@@ -54,7 +64,7 @@ def write_gate(database: str) -> WriteGate:
     a thread whose turn is held through one gate would wait for itself at another
     (each has its own descriptors), were two made, by two backends on one file or by
     two threads that asked for a backend's first at once."""
-    path = os.path.realpath(database)
+    path = database if in_memory(database) else os.path.realpath(database)
     with _GATES_GUARD:
         gate = _GATES.get(path)
         if gate is None:
@@ -62,12 +72,17 @@ def write_gate(database: str) -> WriteGate:
         return gate
 
 
+def in_memory(database: str) -> bool:
+    """Whether the SQLite ``database`` (a ``NAME``) lives in memory, with no file."""
+    return database == ":memory:" or (database.startswith("file:") and "mode=memory" in database)
+
+
 class WriteGate:
     """The turns of this host's lease operations on the SQLite database file ``database``
     (make it with ``write_gate``)."""
 
     def __init__(self, database: str) -> None:
-        self.database = os.path.realpath(database)
+        self.database = database
         self._threads = threading.local()
         self._warned = False
 
@@ -82,22 +97,41 @@ class WriteGate:
         files = None if threads.depth else threads.files
         threads.depth += 1
         try:
-            if files is not None:
-                fcntl.flock(files.next_in_line, fcntl.LOCK_EX)
-                try:
-                    fcntl.flock(files.turn, fcntl.LOCK_EX)
-                finally:
-                    fcntl.flock(files.next_in_line, fcntl.LOCK_UN)
+            if files is not None and not self._taken(files):
+                files = threads.files = None  # this file system cannot lock: no turns
             yield
         finally:
             threads.depth -= 1
-            if files is not None:
+            if files is not None and not files.closed:  # closed: a forked child let go
                 fcntl.flock(files.turn, fcntl.LOCK_UN)
+
+    def _taken(self, files: _Descriptors) -> bool:
+        """Take the turn (``-next``, then ``-turn``, then ``-next`` let go); False, with
+        nothing held, if the file system refused the locks (logged once)."""
+        try:
+            try:
+                fcntl.flock(files.next_in_line, fcntl.LOCK_EX)
+                fcntl.flock(files.turn, fcntl.LOCK_EX)
+            finally:  # also for an exception raised as the first flock returns
+                fcntl.flock(files.next_in_line, fcntl.LOCK_UN)
+        except OSError as exc:  # ENOLCK: a file system without flock
+            self._warn(exc)
+            return False
+        return True
+
+    def forget_inherited(self) -> None:
+        """Close the descriptors this (forked) process's thread inherited, now, even where
+        a turn that the child runs inside holds them: the parent's turn must not outlive
+        the parent in a child."""
+        files = getattr(self._threads, "files", None)
+        if files is not None:
+            files.close()
+        self._threads.__dict__.clear()
 
     def _open(self) -> _Descriptors | None:
         """This thread's descriptors of the two files, each made if it was missing;
-        ``None`` where they cannot be opened (logged once)."""
-        if fcntl is None:
+        ``None`` where there are none to lock (see the module; logged once)."""
+        if fcntl is None or in_memory(self.database) or green_threads() is not None:
             return None
         opened: list[int] = []
         try:
@@ -107,31 +141,48 @@ class WriteGate:
         except OSError as exc:
             for descriptor in opened:
                 os.close(descriptor)
-            if not self._warned:
-                self._warned = True
-                acquire_log.warning(
-                    "cannot open %s%s (%s): lease operations on this SQLite database take "
-                    "no turns, so a newcomer may be overtaken by a process that releases "
-                    "and claims again; let the process write in the database's directory",
-                    self.database,
-                    TURN,
-                    exc,
-                )
+            self._warn(exc)
             return None
         return _Descriptors(*opened)
+
+    def _warn(self, why: object) -> None:
+        if not self._warned:
+            self._warned = True
+            acquire_log.warning(
+                "lease operations on the SQLite database %s take no turns (%s), so a "
+                "newcomer may be overtaken by a process that releases and claims again",
+                self.database,
+                why,
+            )
+
+
+def _forget_inherited_turns() -> None:
+    for gate in list(_GATES.values()):
+        gate.forget_inherited()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_turns)
 
 
 class _Descriptors:
     """A thread's open descriptors of the two files, closed when they are forgotten (its
-    thread ended, or a forked child opened its own): closing a child's copies leaves
-    its parent's locks."""
+    thread ended, or a forked child let go of what it inherited): closing a child's
+    copies leaves its parent's locks."""
 
-    __slots__ = ("next_in_line", "turn")
+    __slots__ = ("closed", "next_in_line", "turn")
 
     def __init__(self, next_in_line: int, turn: int) -> None:
         self.next_in_line, self.turn = next_in_line, turn
+        self.closed = False
+
+    def close(self) -> None:
+        """Close both, once: their numbers may then be given to other files."""
+        if not self.closed:
+            self.closed = True
+            for descriptor in (self.next_in_line, self.turn):
+                with contextlib.suppress(OSError):
+                    os.close(descriptor)
 
     def __del__(self) -> None:
-        for descriptor in (self.next_in_line, self.turn):
-            with contextlib.suppress(OSError):
-                os.close(descriptor)
+        self.close()
