@@ -8,6 +8,8 @@ and again: it was overtaken by grants it had asked before.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import signal
@@ -20,7 +22,7 @@ import pytest
 from django.db import connection
 
 from djlocks import db_lock
-from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, write_gate
+from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, database_file, write_gate
 from tests.faults import until
 from tests.processes import fork_beside_threads
 from tests.workers import CONTEXT, start_worker, take_and_release_until
@@ -153,10 +155,24 @@ def test_a_forked_child_takes_turns_with_its_parent(tmp_path: Path) -> None:
     os.waitpid(pid, 0)
 
 
-def _hold_turn_and_fork(database: str, report: Any) -> None:
-    """Take a turn, fork a child that sleeps, report the child's pid, and wait to be
+def _hold_turn_and_fork(database: str, by_another_thread: bool, report: Any) -> None:
+    """Hold a turn (in this thread, or in another one, as a heartbeat in the middle of a
+    renewal would), fork a child that sleeps, report the child's pid, and wait to be
     killed, the turn held."""
-    with write_gate(database).turn():
+    holding, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with write_gate(database).turn():
+            holding.set()
+            forked.wait(PATIENCE * 4)
+
+    if by_another_thread:
+        threading.Thread(target=hold, daemon=True).start()
+        holding.wait(PATIENCE)
+        turn: Any = contextlib.nullcontext()
+    else:
+        turn = write_gate(database).turn()
+    with turn:
         child = fork_beside_threads()
         if child == 0:
             time.sleep(PATIENCE * 4)
@@ -165,17 +181,20 @@ def _hold_turn_and_fork(database: str, report: Any) -> None:
         time.sleep(PATIENCE * 4)
 
 
-def test_a_parent_killed_during_its_turn_leaves_no_turn_held_by_its_child(
-    tmp_path: Path,
+@pytest.mark.parametrize("by_another_thread", [False, True], ids=["forking", "other"])
+def test_a_parent_killed_during_a_turn_leaves_no_turn_held_by_its_child(
+    tmp_path: Path, by_another_thread: bool
 ) -> None:
-    """A forked child (Celery's prefork pool, multiprocessing) lets go of the turn it
-    inherited: else a parent killed during a turn (SIGKILL, the OOM killer) would leave
-    it held until the child ended."""
+    """A forked child (Celery's prefork pool, multiprocessing) closes the turns it
+    inherited, its forking thread's and any other thread's: else a parent killed during
+    a turn (SIGKILL, the OOM killer) would leave it held until the child ended."""
     database = str(tmp_path / "db.sqlite3")
     report = CONTEXT.Queue()
-    parent = CONTEXT.Process(target=_hold_turn_and_fork, args=(database, report), daemon=True)
+    parent = CONTEXT.Process(
+        target=_hold_turn_and_fork, args=(database, by_another_thread, report), daemon=True
+    )
     parent.start()
-    child = report.get(timeout=PATIENCE)
+    child = report.get(timeout=30)  # a new worker imports this module first
     try:
         parent.kill()
         parent.join(PATIENCE)
@@ -190,6 +209,29 @@ def test_a_parent_killed_during_its_turn_leaves_no_turn_held_by_its_child(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_file_system_that_cannot_lock_means_no_turns_but_a_time_out_is_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gate = WriteGate(str(tmp_path / "db.sqlite3"))
+
+    def refused(descriptor: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    with caplog.at_level(logging.WARNING, "djlocks.acquire"):
+        for _ in range(2):
+            with gate.turn():
+                pass
+    assert len([r for r in caplog.records if "take no turns" in r.getMessage()]) == 1
+
+    def timed_out(descriptor: int, operation: int) -> None:
+        raise TimeoutError("a signal's handler said the time was up")
+
+    monkeypatch.setattr(fcntl, "flock", timed_out)
+    with pytest.raises(TimeoutError), WriteGate(str(tmp_path / "other.sqlite3")).turn():
+        pass
 
 
 def test_a_gate_that_cannot_be_opened_warns_once_and_lets_operations_run(
@@ -208,9 +250,17 @@ def test_an_in_memory_database_has_no_turns_and_no_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    in_memory = (
+        "file:memorydb_default?mode=memory&cache=shared",
+        "file::memory:?cache=shared",
+        ":memory:",
+        "",
+    )
     with caplog.at_level(logging.WARNING, "djlocks.acquire"):
-        for name in ("file:memorydb_default?mode=memory&cache=shared", ":memory:"):
+        for name in in_memory:
+            assert database_file(name) is None
             with write_gate(name).turn():
                 pass
     assert list(tmp_path.iterdir()) == []
-    assert not caplog.records
+    assert not [record for record in caplog.records if record.name == "djlocks.acquire"]
+    assert database_file(f"file:{tmp_path}/db.sqlite3?mode=rwc") == str(tmp_path / "db.sqlite3")

@@ -28,17 +28,21 @@ the kernel would stop the greenlet whose turn it waits for.
 An ``flock`` belongs to an open file, which a thread shares with its process's
 other threads and a forked child with its parent: each thread opens the files
 once per process, and an operation run inside another takes no second turn. A
-forked child closes the descriptors it inherited from the forking thread as it
-starts, so that a parent killed during a turn does not leave it held.
+forked child closes every descriptor it inherited, of any of the parent's
+threads, as it starts, so that a parent killed during a turn does not leave it
+held.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterator
+from urllib.parse import unquote
 
 from djlocks.forksafe import fork_safe_lock
 from djlocks.green import green_threads
@@ -54,17 +58,19 @@ acquire_log = logging.getLogger("djlocks.acquire")
 #: be next, and the one held for the turn.
 NEXT, TURN = "-djlocks-next", "-djlocks-turn"
 
-#: The gate of each database file in this process, by its real path (``write_gate``).
-_GATES: dict[str, WriteGate] = {}
+#: The gate of each database file in this process, by its path (``write_gate``).
+_GATES: dict[str | None, WriteGate] = {}
 _GATES_GUARD = fork_safe_lock()
+#: What ``flock`` fails with on a file system that cannot lock: no turns there.
+CANNOT_LOCK = frozenset({errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP})
 
 
 def write_gate(database: str) -> WriteGate:
-    """This process's one gate of the SQLite database file ``database``. One per file:
-    a thread whose turn is held through one gate would wait for itself at another
-    (each has its own descriptors), were two made, by two backends on one file or by
-    two threads that asked for a backend's first at once."""
-    path = database if in_memory(database) else os.path.realpath(database)
+    """This process's one gate of the SQLite database ``database`` (a ``NAME``). One per
+    file: a thread whose turn is held through one gate would wait for itself at
+    another (each has its own descriptors), were two made, by two backends on one file
+    or by two threads that asked for a backend's first at once."""
+    path = database_file(database)
     with _GATES_GUARD:
         gate = _GATES.get(path)
         if gate is None:
@@ -72,16 +78,22 @@ def write_gate(database: str) -> WriteGate:
         return gate
 
 
-def in_memory(database: str) -> bool:
-    """Whether the SQLite ``database`` (a ``NAME``) lives in memory, with no file."""
-    return database == ":memory:" or (database.startswith("file:") and "mode=memory" in database)
+def database_file(database: str) -> str | None:
+    """The real path of the file of the SQLite database ``database`` (a ``NAME``: a path,
+    or a ``file:`` URI, which Django opens as one); ``None`` for one in memory."""
+    if database.startswith("file:"):
+        path, _, query = database.removeprefix("file:").partition("?")
+        if "mode=memory" in query.split("&"):
+            return None
+        database = unquote(path.removeprefix("//localhost").removeprefix("//"))
+    return None if database in (":memory:", "") else os.path.realpath(database)
 
 
 class WriteGate:
     """The turns of this host's lease operations on the SQLite database file ``database``
-    (make it with ``write_gate``)."""
+    (``None``: in memory, no turns); make it with ``write_gate``."""
 
-    def __init__(self, database: str) -> None:
+    def __init__(self, database: str | None) -> None:
         self.database = database
         self._threads = threading.local()
         self._warned = False
@@ -91,9 +103,9 @@ class WriteGate:
         """Wait for this thread's turn (no time limit: an operation holds it for one
         transaction) and hold it for the block; within the block, a nested ``turn``
         is already held."""
-        threads = self._threads
-        if getattr(threads, "pid", None) != os.getpid():  # first use, or a forked child
-            threads.pid, threads.files, threads.depth = os.getpid(), self._open(), 0
+        threads, entered = self._threads, os.getpid()
+        if getattr(threads, "pid", None) != entered:  # first use, or a forked child
+            threads.pid, threads.files, threads.depth = entered, self._open(), 0
         files = None if threads.depth else threads.files
         threads.depth += 1
         try:
@@ -101,37 +113,37 @@ class WriteGate:
                 files = threads.files = None  # this file system cannot lock: no turns
             yield
         finally:
-            threads.depth -= 1
-            if files is not None and not files.closed:  # closed: a forked child let go
-                fcntl.flock(files.turn, fcntl.LOCK_UN)
+            # A forked child leaving a turn it inherited: the hook let go of it.
+            if getattr(threads, "pid", None) == entered:
+                threads.depth -= 1
+                if files is not None and not files.closed:
+                    fcntl.flock(files.turn, fcntl.LOCK_UN)
 
     def _taken(self, files: _Descriptors) -> bool:
         """Take the turn (``-next``, then ``-turn``, then ``-next`` let go); False, with
-        nothing held, if the file system refused the locks (logged once)."""
+        nothing held, if the file system cannot lock (logged once)."""
         try:
             try:
                 fcntl.flock(files.next_in_line, fcntl.LOCK_EX)
                 fcntl.flock(files.turn, fcntl.LOCK_EX)
             finally:  # also for an exception raised as the first flock returns
                 fcntl.flock(files.next_in_line, fcntl.LOCK_UN)
-        except OSError as exc:  # ENOLCK: a file system without flock
+        except OSError as exc:
+            if exc.errno not in CANNOT_LOCK:
+                raise  # a time-out raised by a signal's handler, say: not ours to keep
             self._warn(exc)
             return False
         return True
 
     def forget_inherited(self) -> None:
-        """Close the descriptors this (forked) process's thread inherited, now, even where
-        a turn that the child runs inside holds them: the parent's turn must not outlive
-        the parent in a child."""
-        files = getattr(self._threads, "files", None)
-        if files is not None:
-            files.close()
+        """Let go of this (forked) process's thread's gate state: its descriptors were
+        closed (``_forget_inherited_turns``), and a turn it runs inside is not its own."""
         self._threads.__dict__.clear()
 
     def _open(self) -> _Descriptors | None:
         """This thread's descriptors of the two files, each made if it was missing;
         ``None`` where there are none to lock (see the module; logged once)."""
-        if fcntl is None or in_memory(self.database) or green_threads() is not None:
+        if fcntl is None or self.database is None or green_threads() is not None:
             return None
         opened: list[int] = []
         try:
@@ -141,7 +153,7 @@ class WriteGate:
         except OSError as exc:
             for descriptor in opened:
                 os.close(descriptor)
-            self._warn(exc)
+            self._warn(f"{exc}; let the process write in the database's directory")
             return None
         return _Descriptors(*opened)
 
@@ -157,6 +169,11 @@ class WriteGate:
 
 
 def _forget_inherited_turns() -> None:
+    """In a forked child: close every descriptor of the gates' files it inherited, the
+    turns other threads of the parent held included (their frames live on, never to
+    run), then forget the forking thread's state."""
+    for files in list(_OPEN):
+        files.close()
     for gate in list(_GATES.values()):
         gate.forget_inherited()
 
@@ -170,11 +187,12 @@ class _Descriptors:
     thread ended, or a forked child let go of what it inherited): closing a child's
     copies leaves its parent's locks."""
 
-    __slots__ = ("closed", "next_in_line", "turn")
+    __slots__ = ("__weakref__", "closed", "next_in_line", "turn")
 
     def __init__(self, next_in_line: int, turn: int) -> None:
         self.next_in_line, self.turn = next_in_line, turn
         self.closed = False
+        _OPEN.add(self)
 
     def close(self) -> None:
         """Close both, once: their numbers may then be given to other files."""
@@ -186,3 +204,7 @@ class _Descriptors:
 
     def __del__(self) -> None:
         self.close()
+
+
+#: Every thread's open descriptors in this process, for a forked child to close.
+_OPEN: weakref.WeakSet[_Descriptors] = weakref.WeakSet()
