@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypedDict, TypeVar, Unpack, cast, overload
 
 from asgiref.sync import sync_to_async
+from django.db import connections
 
 from djlocks import metrics, tracing
 from djlocks.arguments import (
@@ -341,8 +342,8 @@ class Lock:
     async def __aenter__(self) -> Grant:
         self._refuse_skip_in_a_block()
         grant = await self._aacquire_grant(True, _USE_SPEC)
-        if grant is None:  # the message asks the store: not in the event loop
-            raise await sync_to_async(self._not_acquired, thread_sensitive=False)()
+        if grant is None:
+            raise await self._anot_acquired()
         return grant
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -420,6 +421,19 @@ class Lock:
             raise self._not_acquired()
         return grant
 
+    async def _anot_acquired(self) -> NotAcquired:
+        """``_not_acquired`` off the event loop (it may ask the store through the ORM), in
+        a wait thread, whose Django connections it then closes: a thread's connection
+        would otherwise stay open for the thread's life."""
+
+        def off_the_loop() -> NotAcquired:
+            try:
+                return self._not_acquired()
+            finally:
+                connections.close_all()
+
+        return await sync_to_async(off_the_loop, thread_sensitive=False, executor=wait_threads())()
+
     def _not_acquired(self) -> NotAcquired:
         """The ``NotAcquired`` of an acquire that timed out: it names the cool-down that
         holds the name's released slots back, if one does (asked of the store: a
@@ -484,8 +498,8 @@ class Lock:
             @functools.wraps(func)
             async def async_locked(*args: Any, **kwargs: Any) -> Any:
                 grant = await spec._aacquire_grant(True, _USE_SPEC)
-                if grant is None and spec.on_busy != "skip":  # asks the store: off the loop
-                    raise await sync_to_async(spec._not_acquired, thread_sensitive=False)()
+                if grant is None and spec.on_busy != "skip":
+                    raise await spec._anot_acquired()
                 if not spec._granted_for_call(grant):
                     return None
                 async with contextlib.AsyncExitStack() as releasing:

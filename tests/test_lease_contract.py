@@ -294,10 +294,10 @@ def test_after_handing_the_lock_over_a_process_queues_at_once_and_is_served(
     newcomer_claims: list[int] = []
     claim = type(backend)._claim
 
-    def counting(self: object, request: object, key: str, ticket: int) -> object:
+    def counting(self: object, request: object, key: str, ticket: int, *rest: object) -> object:
         if ticket == NEWCOMER:
             newcomer_claims.append(ticket)
-        return claim(self, request, key, ticket)  # type: ignore[arg-type]
+        return claim(self, request, key, ticket, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(type(backend), "_claim", counting)
     holder = Lock("contract:queue-first", ttl=5)
