@@ -22,7 +22,8 @@ import pytest
 from django.db import connection
 
 from djlocks import db_lock
-from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, database_file, write_gate
+from djlocks.backends.lease.gate import NEXT, TURN, WriteGate, write_gate
+from djlocks.backends.sqlite_checks import database_file
 from tests.faults import until
 from tests.processes import fork_beside_threads
 from tests.workers import CONTEXT, start_worker, take_and_release_until

@@ -8,7 +8,9 @@ backend spends its time in busy retries and "database is locked" errors.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
+from urllib.parse import unquote
 
 from django.core import checks
 from django.core.checks import CheckMessage, Error
@@ -24,6 +26,19 @@ TESTING_HINT = (
 )
 
 
+def database_file(database: str) -> str | None:
+    """The real path of the file of the SQLite database ``database`` (a ``NAME``: a path,
+    or a ``file:`` URI, which Django opens as one); ``None`` for one in memory, or private
+    to its connection (``""``: a temporary file). The lease turns lock files beside it;
+    ``djlocks.E004`` refuses leases without it."""
+    if database.startswith("file:"):
+        path, _, query = database.removeprefix("file:").partition("?")
+        if "mode=memory" in query.split("&"):
+            return None
+        database = unquote(path.removeprefix("//localhost").removeprefix("//"))
+    return None if database in (":memory:", "") else os.path.realpath(database)
+
+
 def is_test_memory_database(name: str) -> bool:
     """Django's in-memory test database, shared by every connection of the test process."""
     return name.startswith("file:memorydb_") and "cache=shared" in name
@@ -36,7 +51,7 @@ def lease_store_messages(
     name = str(connection.settings_dict["NAME"])
     if is_test_memory_database(name):
         return []  # one process, which is all a test run needs
-    if name == ":memory:" or "mode=memory" in name:
+    if database_file(name) is None:  # in memory (or a private temporary file)
         return [
             Error(
                 f"djlocks backend {alias!r} keeps its leases in an in-memory SQLite "

@@ -42,8 +42,8 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from urllib.parse import unquote
 
+from djlocks.backends.sqlite_checks import database_file
 from djlocks.forksafe import fork_safe_lock
 from djlocks.green import green_threads
 
@@ -76,17 +76,6 @@ def write_gate(database: str) -> WriteGate:
         if gate is None:
             gate = _GATES[path] = WriteGate(path)
         return gate
-
-
-def database_file(database: str) -> str | None:
-    """The real path of the file of the SQLite database ``database`` (a ``NAME``: a path,
-    or a ``file:`` URI, which Django opens as one); ``None`` for one in memory."""
-    if database.startswith("file:"):
-        path, _, query = database.removeprefix("file:").partition("?")
-        if "mode=memory" in query.split("&"):
-            return None
-        database = unquote(path.removeprefix("//localhost").removeprefix("//"))
-    return None if database in (":memory:", "") else os.path.realpath(database)
 
 
 class WriteGate:
