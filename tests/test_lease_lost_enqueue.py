@@ -5,14 +5,13 @@ takes the slot a release handed that row meanwhile."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
 from djlocks import Lock
 from djlocks.backends import backends
-from djlocks.models import LeaseWaiter
+from tests.queues import queue_of, queue_once
 from tests.workers import CONTEXT, proxied_worker, wait_in_line
 
 pytestmark = [
@@ -23,21 +22,6 @@ pytestmark = [
     pytest.mark.usefixtures("store"),
     pytest.mark.timeout(120),
 ]
-Queue = list[tuple[int, str | None]]
-
-
-def queue_of(name: str) -> Queue:
-    """The waiter rows of ``name``, live or not: (ticket, token), in queue order."""
-    return list(LeaseWaiter.objects.filter(name=name).order_by("id").values_list("id", "token"))
-
-
-def queue_once(name: str, found: Callable[[Queue], bool], what: str) -> Queue:
-    """``queue_of(name)`` once ``found`` says yes to it, within 30 s."""
-    deadline = time.monotonic() + 30
-    while not found(queued := queue_of(name)):
-        assert time.monotonic() < deadline, f"{what}: the queue is {queued}"
-        time.sleep(0.05)
-    return queued
 
 
 @pytest.mark.catalogue("lost-acquire-reply", backend="default")

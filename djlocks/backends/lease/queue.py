@@ -28,6 +28,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack, closing
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, Error
@@ -36,7 +37,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from djlocks.backends.base import AcquireRequest, GrantRecord
 from djlocks.backends.dedicated import statement_cursor
 from djlocks.backends.lease.claims import LeaseClaims
-from djlocks.backends.lease.store import SLOTS, WAITERS
+from djlocks.backends.lease.store import SLOTS, WAITERS, Place
 from djlocks.backends.lease.wakeups import HostWakeups
 from djlocks.backends.push import hung_up
 from djlocks.backends.sql import as_datetime, postgresql, sqlite
@@ -105,7 +106,13 @@ class LeaseQueue(LeaseClaims):
             while True:
                 if ahead is None:  # counted a turn ago
                     ahead, grant = self._run(
-                        lambda db: self._waiting_ahead(db, request, key, ticket, heir_token)
+                        partial(
+                            self._waiting_ahead,
+                            request=request,
+                            key=key,
+                            ticket=ticket,
+                            heir_token=heir_token,
+                        )
                     )
                     if grant is not None:
                         handed = True
@@ -131,15 +138,50 @@ class LeaseQueue(LeaseClaims):
                     if now >= deadline:
                         return None
                     pause = min(pause, deadline - now)
+                queued = True
                 if now >= refresh_at:
-                    self._run(lambda db: self._refresh_waiter(db, ticket, waiter_ttl))
+                    queued = self._run(
+                        partial(
+                            self._refresh_waiter,
+                            ticket=ticket,
+                            heir_token=heir_token,
+                            waiter_ttl=waiter_ttl,
+                        )
+                    )
                     refresh_at = now + waiter_ttl / 3
                 if listening:  # a wait leaves the listening session idle
                     if now >= self._waking_session_due():
                         self._keep_waking_session()
                     pause = min(pause, max(self._waking_session_due() - now, 0.0))
-                if sleeper is not None:
-                    sleeper = self._rename_sleeper(ticket, sleeper)
+                if sleeper is not None and queued:
+                    sleeper, queued = self._rename_sleeper(ticket, heir_token, sleeper)
+                if not queued:  # the place is gone (``_queue_again``): take a new one
+                    requeued, ahead, grant = self._run(
+                        partial(
+                            self._queue_again,
+                            request=request,
+                            key=key,
+                            waiter_ttl=waiter_ttl,
+                            heir_token=heir_token,
+                            sleeper=sleeper,
+                        )
+                    )
+                    if grant is not None:
+                        handed = True
+                        return grant
+                    assert requeued is not None
+                    acquire_log.info(
+                        "the place of ticket %s for %s was gone; queued again as ticket %s",
+                        ticket,
+                        request.name,
+                        requeued,
+                    )
+                    ticket = requeued
+                    if wakeups is not None:
+                        if woken_here is not None:
+                            woken_here.close()
+                        woken_here = wakeups.open(ticket)
+                    continue
                 aborted, notice, handed_unread = self._pause(
                     pause, ticket, abort, listening, heir_token, woken_here
                 )
@@ -159,18 +201,18 @@ class LeaseQueue(LeaseClaims):
         finally:
             if woken_here is not None:
                 woken_here.close()
-            if not handed and not self._leave_queue(ticket):
+            if not handed and not self._leave_queue(ticket, heir_token):
                 self._pass_on(heir_token)
             elif woken_here is not None and at_the_front and not claimed:
                 self._wake_next(key, request.limit)
 
-    def _leave_queue(self, ticket: int) -> bool:
-        """Give up the place ``ticket``; True if it was still queued (so nothing was
-        handed over to it), False if it was not or if that is unknown. If the store
-        cannot be reached (the error that ended the wait, most often), remember it, so
-        that this process's next wait gives it up first instead of queueing behind it
-        until it expires (WAITER_TTL)."""
-        return bool(self._leave_places([ticket]))
+    def _leave_queue(self, ticket: int, heir_token: str) -> bool:
+        """Give up the place ``ticket``, queued with ``heir_token``; True if it was still
+        queued (so nothing was handed over to it), False if it was not or if that is
+        unknown. If the store cannot be reached (the error that ended the wait, most
+        often), remember it, so that this process's next wait gives it up first instead
+        of queueing behind it until it expires (WAITER_TTL)."""
+        return bool(self._leave_places([Place(ticket, heir_token)]))
 
     def _wake_next(self, key: str, limit: int) -> None:
         """Wake the name's first ``limit`` live waiters on this host (``host_wakeups``):
@@ -233,24 +275,28 @@ class LeaseQueue(LeaseClaims):
 
     def _leave_abandoned_places(self) -> None:
         with self._abandoned_guard:
-            tickets, self._abandoned = self._abandoned, []
-        if tickets:
-            self._leave_places(tickets)
+            places, self._abandoned = self._abandoned, []
+        if places:
+            self._leave_places(places)
 
-    def _leave_places(self, tickets: list[int]) -> int | None:
-        """Delete the places ``tickets`` in one statement and return how many were
-        still there, or remember them (at most ``ABANDONED_KEPT``: older ones have
-        expired by the time the store is back) and return ``None``."""
-        marks = ", ".join(["%s"] * len(tickets))
+    def _leave_places(self, places: list[Place]) -> int | None:
+        """Delete ``places`` in one statement and return how many were still there, or
+        remember them (at most ``ABANDONED_KEPT``: older ones have expired by the time
+        the store is back) and return ``None``. A row is deleted only if it has one of
+        their tokens, which no other wait has: a ticket alone could be another
+        waiter's (``Place``)."""
+        marks = ", ".join(["%s"] * len(places))
         try:
             return self._run(
                 lambda db: self._execute(
-                    db, f"DELETE FROM {WAITERS} WHERE id IN ({marks})", tickets
+                    db,
+                    f"DELETE FROM {WAITERS} WHERE id IN ({marks}) AND token IN ({marks})",
+                    [place.ticket for place in places] + [place.token for place in places],
                 )
             )
         except BackendUnavailable:
             with self._abandoned_guard:
-                self._abandoned = [*self._abandoned, *tickets][-ABANDONED_KEPT:]
+                self._abandoned = [*self._abandoned, *places][-ABANDONED_KEPT:]
             return None
 
     def _pause(
@@ -367,19 +413,24 @@ class LeaseQueue(LeaseClaims):
         finally:
             self._waking_session_ran()  # or let go: either way, not tried again at once
 
-    def _rename_sleeper(self, ticket: int, sleeper: int) -> int:
-        """The session this thread's wait is woken on now: if the one its queue row
-        ``ticket`` names (``sleeper``) failed and was replaced during the wait, the row
-        is made to name the new one, so that a release wakes the waiter again."""
+    def _rename_sleeper(self, ticket: int, heir_token: str, sleeper: int) -> tuple[int, bool]:
+        """The session this thread's wait is woken on now, and whether its place is still
+        queued: if the session its queue row (``ticket``, ``heir_token``) names
+        (``sleeper``) failed and was replaced during the wait, the row is made to name
+        the new one, so that a release wakes the waiter again. A session fails when
+        the server restarts or fails over, which can lose the place too
+        (``_queue_again``)."""
         current = self._sleeper()
         if current is None or current == sleeper:
-            return sleeper
-        self._run(
+            return sleeper, True
+        renamed = self._run(
             lambda db: self._execute(
-                db, f"UPDATE {WAITERS} SET connection_id = %s WHERE id = %s", (current, ticket)
+                db,
+                f"UPDATE {WAITERS} SET connection_id = %s WHERE id = %s AND token = %s",
+                (current, ticket, heir_token),
             )
         )
-        return current
+        return current, renamed > 0
 
     def _sleeper(self) -> int | None:
         """The server session this thread's waits sleep on (``_sleep_in_the_server``)
@@ -423,18 +474,38 @@ class LeaseQueue(LeaseClaims):
             nonlocal tries
             tries += 1
             if tries > 1:
-                self._execute(
-                    db,
-                    f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s",
-                    (key, heir_token),
-                )
-                handed = self._handed_grant(db, request, heir_token)
-                if handed is not None:
-                    return None, 0, handed
+                return self._queue_again(db, request, key, waiter_ttl, heir_token, sleeper)
             ticket, ahead = self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
             return ticket, ahead, None
 
         return enqueue
+
+    def _queue_again(
+        self,
+        db: BaseDatabaseWrapper,
+        request: AcquireRequest,
+        key: str,
+        waiter_ttl: float,
+        heir_token: str,
+        sleeper: int | None,
+    ) -> tuple[int | None, int, GrantRecord | None]:
+        """Take a new place at the back of the queue under ``heir_token``, after a first
+        enqueue whose reply was lost (``_enqueuing``) or a place that is gone: a sweep
+        removed it while its waiter stalled past ``WAITER_TTL`` (a pause, a stopped
+        process), or the store failed over to a replica that had not received it.
+        Without a place, the waiter would go on polling for a slot, unseen in the
+        listings, and anyone who queued after it could be served first.
+        Deletes whatever row the token still has, then returns the slot a release
+        handed to it meanwhile, if one did (``(None, 0, grant)``; after the delete, no
+        release can hand it one), else the new ticket and the waiters ahead of it."""
+        self._execute(
+            db, f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s", (key, heir_token)
+        )
+        handed = self._handed_grant(db, request, heir_token)
+        if handed is not None:
+            return None, 0, handed
+        ticket, ahead = self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+        return ticket, ahead, None
 
     def _enqueue(
         self,
@@ -519,11 +590,19 @@ class LeaseQueue(LeaseClaims):
         left = self.dialect.seconds_until.format(f"{table}expires_at")
         return f"{table}slot, {table}fence, {table}expires_at, {left}"
 
-    def _refresh_waiter(self, db: BaseDatabaseWrapper, ticket: int, waiter_ttl: float) -> None:
-        self._execute(
-            db,
-            f"UPDATE {WAITERS} SET expires_at = {self.dialect.plus_seconds} WHERE id = %s",
-            (self.dialect.seconds_param(waiter_ttl), ticket),
+    def _refresh_waiter(
+        self, db: BaseDatabaseWrapper, ticket: int, heir_token: str, waiter_ttl: float
+    ) -> bool:
+        """Keep the place (``ticket``, ``heir_token``) for ``waiter_ttl`` seconds more;
+        False if it is gone (``_queue_again``)."""
+        return (
+            self._execute(
+                db,
+                f"UPDATE {WAITERS} SET expires_at = {self.dialect.plus_seconds} "
+                f"WHERE id = %s AND token = %s",
+                (self.dialect.seconds_param(waiter_ttl), ticket, heir_token),
+            )
+            > 0
         )
 
 

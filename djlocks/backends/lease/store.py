@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -52,6 +52,17 @@ CONTENDED_NAMES_KEPT = 1_000
 WAKING_SESSION_IDLE = 60
 #: Times an idempotent operation that met contention is tried again (see ``_run``).
 CONTENTION_RETRIES = 20
+
+
+class Place(NamedTuple):
+    """A waiter's place in the queue: its row's ``id`` (the ticket) and the token it
+    queued with, which is the waiter's alone. A waiter changes or deletes its row by
+    both: after a failover to a replica that had not received the latest rows (or a
+    restore from a backup), the sequence that issues tickets starts again from an
+    older value, and a ticket can then be another waiter's."""
+
+    ticket: int
+    token: str
 
 
 class Contention(BackendUnavailable):
@@ -99,7 +110,7 @@ class LeaseStore(LockBackend):
         # Holders hear of forced releases here (PostgreSQL), once one is watched.
         self._revocations = PostgresListener(self.using, LEASE_REVOKED)
         # Places in the queue this process could not give up (see LeaseQueue._leave_queue).
-        self._abandoned: list[int] = []
+        self._abandoned: list[Place] = []
         self._abandoned_guard = fork_safe_lock()
 
     def _prepare(self, wrapper: BaseDatabaseWrapper) -> None:
