@@ -10,10 +10,7 @@ process has just written (and then took, or waits for) is never removed under it
 
 from __future__ import annotations
 
-import time
-from collections.abc import Hashable
-
-from djlocks.forksafe import fork_safe_lock
+from djlocks.recent import Recent
 
 #: Seconds a process trusts that a name it wrote is still in the store.
 RECHECK = 60.0
@@ -21,28 +18,9 @@ RECHECK = 60.0
 SHORTEST_IDLE = 2 * RECHECK
 
 
-class WrittenNames:
+class WrittenNames(Recent):
     """Names (any hashable: a name and limit, a key) written to the store in the last
-    ``RECHECK`` seconds; thread-safe."""
+    ``RECHECK`` seconds; ``discard`` one the store no longer has."""
 
     def __init__(self) -> None:
-        self._at: dict[Hashable, float] = {}
-        self._guard = fork_safe_lock()
-        self._pruned_at_size = 1024
-
-    def __contains__(self, name: Hashable) -> bool:
-        at = self._at.get(name)  # one lookup, atomic: no guard needed to read
-        return at is not None and time.monotonic() - at < RECHECK
-
-    def discard(self, name: Hashable) -> None:
-        """Forget ``name``: the store no longer has it."""
-        with self._guard:
-            self._at.pop(name, None)
-
-    def add(self, name: Hashable) -> None:
-        now = time.monotonic()
-        with self._guard:
-            self._at[name] = now
-            if len(self._at) >= self._pruned_at_size:  # forget what is stale anyway
-                self._at = {key: at for key, at in self._at.items() if now - at < RECHECK}
-                self._pruned_at_size = max(1024, 2 * len(self._at))
+        super().__init__(RECHECK)

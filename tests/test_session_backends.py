@@ -103,6 +103,44 @@ def test_fences_rise_and_timeouts_are_honoured() -> None:
         assert 0.35 <= time.monotonic() - began < 2
 
 
+def test_a_free_lock_costs_one_try_and_a_contended_one_is_waited_for_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An acquire first tries the key with the cheaper statement, which names no waiter
+    and sets no time-out; once a try of this process found the key taken, its next
+    acquires wait in the server at once for ``claims.CONTENDED_FOR`` seconds, with no
+    failed try each."""
+    backend = backends[SESSION]
+    took: list[bool] = []  # per statement that took the key: whether it could wait
+    take = type(backend)._take
+
+    def noting(
+        self: SessionBackend,
+        session: object,
+        key: Key,
+        seconds: float | None,
+        *rest: object,
+        **options: object,
+    ) -> int | None:
+        took.append(seconds != 0)
+        return take(self, session, key, seconds, *rest, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(backend), "_take", noting)
+    name = "s:try-first"
+    with lock(name):
+        assert took == [False], "a free lock: one try"
+        took.clear()
+        assert not lock(name).acquire(timeout=0.2)
+        assert took == [False, True], "taken: tried, then waited for"
+        took.clear()
+        assert not lock(name).acquire(timeout=0.2)
+        assert took == [True], "found taken lately: waited for at once"
+    time.sleep(claims.CONTENDED_FOR)
+    took.clear()
+    with lock(name):
+        assert took == [False], "not contended any more: tried first again"
+
+
 def assert_free_within_a_second(name: str) -> None:
     """A killed holder's session ends, and the server frees its lock at once."""
     began = time.monotonic()

@@ -1,7 +1,13 @@
 """How a session backend claims a lock or a semaphore slot, waiting in the server.
 
 A lock is one key: tried once, then waited for in the server, watched for
-deadlocks between names (``session_deadlocks``). A semaphore is N slot keys.
+deadlocks between names (``session_deadlocks``). The try is the cheaper statement
+(it names no waiter and sets no time-out): a free lock costs one round trip. A
+key that a try of this process found taken in the last ``CONTENDED_FOR`` seconds
+is waited for at once instead, so a lock that stays contended costs no failed
+try per acquire. A try takes nothing from the server's waiters: PostgreSQL's lock
+manager and MySQL's metadata locks grant a released lock to the waiter it goes to
+before the release returns. A semaphore is N slot keys.
 One statement tries them all (a ``CASE``, which stops at the first slot it
 gets, so it takes at most one). If all are taken the caller waits in the
 server for the name's gate key, behind the other waiters. The gate's holder
@@ -19,7 +25,7 @@ from __future__ import annotations
 import random
 import time
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import DatabaseError
@@ -38,13 +44,22 @@ from djlocks.backends.sql import giving_back_first
 from djlocks.backends.waiting import seconds_left
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import GATE, table_key
+from djlocks.recent import Recent
 
 #: Seconds the gate's holder waits on one slot before it tries every slot again.
 SLOT_WAIT = 0.02
+#: Seconds after a try found a lock's key taken during which this process's acquires of
+#: it go straight to the wait.
+CONTENDED_FOR = 1.0
 
 
 class SessionClaims(SessionStore):
     """Taking a key in the server, and recording the grant's fence and holder."""
+
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        #: Lock keys a try found taken lately: their acquires wait at once (``_claim``).
+        self._contended = Recent(CONTENDED_FOR)
 
     @abstractmethod
     def _take(
@@ -142,9 +157,13 @@ class SessionClaims(SessionStore):
         identity = describe(request)
         if request.limit == 1:
             key = self.key(request.name)
-            if seconds_left(deadline) == 0:
+            if seconds_left(deadline) == 0 or key not in self._contended:
                 fence = self._take(session, key, 0, identity)
-                return None if fence is None else (0, fence)
+                if fence is not None:
+                    return 0, fence
+                if seconds_left(deadline) == 0:
+                    return None
+                self._contended.add(key)
             self._register(session, request)  # a free lock is granted at once all the same
             return self._wait_watched(session, request, key, deadline, identity)
         slot, _, fence = self._try_slots(session, request, identity, None)
