@@ -90,26 +90,31 @@ def test_a_session_lock_whose_connection_a_reset_closed_is_lost_at_release() -> 
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="mysqlclient's C API wrapper")
-def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_error() -> None:
-    """``value_at_once`` (the session lock's grant and release on MySQL/MariaDB): the
-    value, parameters quoted as the cursor quotes them (a ``%`` doubled in the SQL, a
-    quote in a parameter); the driver's errors once the server ended the session or
-    Django closed the connection."""
+@pytest.mark.parametrize("interruptible", [True, False], ids=["wait", "try"])
+def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_error(
+    interruptible: bool,
+) -> None:
+    """``value_at_once`` (the session lock's grant and release on MySQL/MariaDB), waiting
+    for the reply on the socket or in the C API: the value, parameters quoted as the
+    cursor quotes them (a ``%`` doubled in the SQL, a quote in a parameter); the
+    driver's errors once the server ended the session or Django closed the
+    connection."""
     own = DedicatedConnections("default")
     driver = own.get().connection
     name = "dedicated:it's 100%"
     taking = "SELECT /* 50%% off */ GET_LOCK(%s, %s)"
-    assert value_at_once(driver, taking, (name, 0)) == 1
-    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,)) == 1
-    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,)) is None  # nobody held it
-    assert value_at_once(driver, "SELECT 1 FROM DUAL WHERE %s", (False,)) is None  # no row
+    assert value_at_once(driver, taking, (name, 0), interruptible) == 1
+    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible) == 1
+    nobody = value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible)
+    assert nobody is None  # nobody held it
+    assert value_at_once(driver, "SELECT 1 FROM DUAL WHERE %s", (False,), interruptible) is None
     with connection.cursor() as cursor:
         cursor.execute("KILL %s", [driver.thread_id()])
     time.sleep(0.2)  # the server ends the session
     with pytest.raises(DatabaseError), connection.wrap_database_errors:
-        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,))
+        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible)
     with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
-        value_at_once(None, "SELECT 1", ())
+        value_at_once(None, "SELECT 1", (), interruptible)
     own.discard()
 
 
@@ -145,7 +150,7 @@ def test_a_get_lock_wait_without_a_cursor_can_be_interrupted_by_a_signal() -> No
         cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
         try:
             with interrupted_after(0.3):
-                value_at_once(driver, "SELECT GET_LOCK(%s, %s)", (name, 30))
+                value_at_once(driver, "SELECT GET_LOCK(%s, %s)", (name, 30), interruptible=True)
         finally:
             own.discard()  # its GET_LOCK still waits in the server: the session ends
             cursor.execute("SELECT RELEASE_LOCK(%s)", [name])

@@ -112,7 +112,8 @@ class GetLockBackend(SessionBackend):
         ``_record`` issues it)."""
         fenced = fenced and self.fences_in_grant
         given_back = None if releasing is None else str(releasing)
-        run = functools.partial(self._value, session)
+        # A try returns at once: only a wait is worth interrupting (``run_at_once``).
+        run = functools.partial(self._value, session, interruptible=seconds != 0)
         while True:  # a wait "forever" that ran out after FOREVER seconds waits again
             granted = mysql.get_lock(run, str(key), seconds, identity, fenced, given_back)
             if granted is None:
@@ -143,10 +144,13 @@ class GetLockBackend(SessionBackend):
     def _give_back(self, session: Session, key: Key) -> bool:
         return bool(self._value(session, f"SELECT {mysql.RELEASE_KEY}", (str(key),)) == 1)
 
-    def _value(self, session: Session, sql: str, params: Sequence[object]) -> Any:
-        """The one value of ``sql`` on ``session``, with no cursor (``value_at_once``)."""
+    def _value(
+        self, session: Session, sql: str, params: Sequence[object], interruptible: bool = False
+    ) -> Any:
+        """The one value of ``sql`` on ``session``, with no cursor (``value_at_once``);
+        ``interruptible``: a wait that a signal can interrupt (``run_at_once``)."""
         with session.wrapper.wrap_database_errors:
-            return mysql.value_at_once(session.wrapper.connection, sql, params)
+            return mysql.value_at_once(session.wrapper.connection, sql, params, interruptible)
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)

@@ -519,11 +519,11 @@ def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
     return cursor.fetchone()[0]
 
 
-def value_at_once(connection: Any, sql: str, params: Sequence[object]) -> Any:
+def value_at_once(connection: Any, sql: str, params: Sequence[object], interruptible: bool) -> Any:
     """The first value of the first row of ``sql`` (``None`` if it has none), run on a
-    mysqlclient ``connection`` without a cursor, its wait interruptible
-    (``run_at_once``)."""
-    row = run_at_once(connection, sql, params, interruptible=True)[0]
+    mysqlclient ``connection`` without a cursor; ``interruptible``: its wait can be
+    interrupted by a signal (``run_at_once``)."""
+    row = run_at_once(connection, sql, params, interruptible=interruptible)[0]
     return row[0] if row else None
 
 
