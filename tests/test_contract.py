@@ -351,7 +351,7 @@ def test_a_task_cancelled_while_queued_for_a_wait_thread_leaves_at_once(
     if can(backend).in_caller_transaction:
         pytest.skip("not applicable: async acquires are refused (the previous test)")
     one_thread = ThreadPoolExecutor(1)
-    monkeypatch.setattr(async_waits, "_threads", (os.getpid(), one_thread))
+    monkeypatch.setattr(async_waits, "_threads", (os.getpid(), one_thread, one_thread))
     name = "contract:queued-cancel"
 
     async def cancel_the_queued() -> float:
@@ -377,6 +377,41 @@ def test_a_task_cancelled_while_queued_for_a_wait_thread_leaves_at_once(
     assert backends[backend].waiters(name) == []
     with Lock(name, backend=backend, ttl=30, timeout=0):
         pass
+
+
+@shared
+def test_tasks_that_hold_a_grant_never_queue_behind_the_waits_for_it(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More tasks than wait threads nest two locks: while the others wait for the outer
+    one in every thread, its holder's acquire of the inner one waits in a thread of
+    its own, so each task gets both. (Queued behind the waits, that acquire ran only
+    once they had timed out: every waiter raised NotAcquired.)"""
+    if can(backend).in_caller_transaction:
+        pytest.skip("not applicable: async acquires are refused (the previous test)")
+    monkeypatch.setattr(async_waits, "ASYNC_WAIT_THREADS", 2)
+    monkeypatch.setattr(async_waits, "_threads", None)
+    tasks = 4
+
+    async def nested(task: int) -> None:
+        outer = Lock("contract:outer", backend=backend, ttl=30, timeout=3)
+        inner = Lock(f"contract:inner-{task}", backend=backend, ttl=30, timeout=3)
+        async with outer, inner:  # the inner one is asked for once the outer one is held
+            await asyncio.sleep(0.01)
+
+    async def all_of_them() -> list[object]:
+        return await asyncio.gather(
+            *(nested(task) for task in range(tasks)), return_exceptions=True
+        )
+
+    try:
+        outcomes = asyncio.run(all_of_them())
+    finally:
+        made = async_waits._threads
+        if made is not None:
+            for threads in made[1:]:
+                threads.shutdown()
+    assert outcomes == [None] * tasks
 
 
 @shared
