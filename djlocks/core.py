@@ -27,7 +27,7 @@ from djlocks.arguments import (
     validate_limit,
     validate_name,
 )
-from djlocks.async_waits import task_granted, task_released, wait_threads
+from djlocks.async_waits import task_granted, wait_threads
 from djlocks.backends import backends
 from djlocks.backends.base import AcquireRequest, LockBackend
 from djlocks.backends.waiting import Abort
@@ -370,7 +370,6 @@ class Lock:
         Raises ``NotHeld`` and ``LockLost`` as ``release()`` does.
         """
         grant = self._pop_current()
-        task_released()
         await sync_to_async(grant.end, thread_sensitive=False)()
 
     async def _aacquire_grant(self, blocking: bool, timeout: Any) -> Grant | None:
@@ -415,7 +414,7 @@ class Lock:
             raise
         if grant is not None:
             self._move_to_current_task(grant)
-            task_granted()
+            task_granted(grant)
         return grant
 
     def _granted_or_busy(self, grant: Grant | None) -> Grant:

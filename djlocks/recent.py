@@ -23,6 +23,7 @@ class Recent:
         return at is not None and time.monotonic() - at < self._seconds
 
     def discard(self, member: Hashable) -> None:
+        """Forget ``member`` at once."""
         with self._guard:
             self._at.pop(member, None)
 

@@ -394,8 +394,8 @@ def test_tasks_that_hold_a_grant_never_queue_behind_the_waits_for_it(
     tasks = 4
 
     async def nested(task: int) -> None:
-        outer = Lock("contract:outer", backend=backend, ttl=30, timeout=3)
-        inner = Lock(f"contract:inner-{task}", backend=backend, ttl=30, timeout=3)
+        outer = Lock("contract:outer", backend=backend, ttl=30, timeout=10)
+        inner = Lock(f"contract:inner-{task}", backend=backend, ttl=30, timeout=10)
         async with outer, inner:  # the inner one is asked for once the outer one is held
             await asyncio.sleep(0.01)
 

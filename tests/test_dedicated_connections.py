@@ -103,18 +103,23 @@ def test_a_statement_without_a_cursor_gives_its_value_or_raises_the_drivers_erro
     driver = own.get().connection
     name = "dedicated:it's 100%"
     taking = "SELECT /* 50%% off */ GET_LOCK(%s, %s)"
-    assert value_at_once(driver, taking, (name, 0), interruptible) == 1
-    assert value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible) == 1
-    nobody = value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible)
+    assert value_at_once(driver, taking, (name, 0), interruptible=interruptible) == 1
+    assert (
+        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible=interruptible) == 1
+    )
+    nobody = value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible=interruptible)
     assert nobody is None  # nobody held it
-    assert value_at_once(driver, "SELECT 1 FROM DUAL WHERE %s", (False,), interruptible) is None
+    assert (
+        value_at_once(driver, "SELECT 1 FROM DUAL WHERE %s", (False,), interruptible=interruptible)
+        is None
+    )
     with connection.cursor() as cursor:
         cursor.execute("KILL %s", [driver.thread_id()])
     time.sleep(0.2)  # the server ends the session
     with pytest.raises(DatabaseError), connection.wrap_database_errors:
-        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible)
+        value_at_once(driver, "SELECT RELEASE_LOCK(%s)", (name,), interruptible=interruptible)
     with pytest.raises(DatabaseError, match="closed"), connection.wrap_database_errors:
-        value_at_once(None, "SELECT 1", (), interruptible)
+        value_at_once(None, "SELECT 1", (), interruptible=interruptible)
     own.discard()
 
 

@@ -10,29 +10,18 @@ value). Here the row is deleted, or given another token, behind the waiter's bac
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connections
-from django.test import override_settings
 
 from djlocks import Lock
 from djlocks.backends import backends
-from djlocks.conf import djlocks_settings
 from djlocks.grant import Grant
 from djlocks.models import LeaseWaiter
 from tests.queues import queue_of, queue_once
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(60)]
-
-#: Seconds a place lasts unrefreshed here: its waiter refreshes it every third of that.
-WAITER_TTL = 1.5
-
-
-@pytest.fixture(autouse=True)
-def short_waiter_ttl() -> Iterator[None]:
-    with override_settings(DJLOCKS={**djlocks_settings(), "WAITER_TTL": WAITER_TTL}):
-        yield
 
 
 class Waiting(threading.Thread):
@@ -57,7 +46,10 @@ class Waiting(threading.Thread):
             connections.close_all()
 
 
-def test_a_waiter_whose_place_is_gone_queues_again_and_keeps_its_turn() -> None:
+def test_a_waiter_whose_place_is_gone_queues_again_and_is_served_in_its_new_turn(
+    settings: Any,
+) -> None:
+    settings.DJLOCKS = {**settings.DJLOCKS, "WAITER_TTL": 3}  # refreshed every second
     name = "lost-place:requeue"
     holder = Lock(name, ttl=30).acquire_grant()
     assert holder is not None
@@ -65,17 +57,19 @@ def test_a_waiter_whose_place_is_gone_queues_again_and_keeps_its_turn() -> None:
     try:
         first.start()
         ((ticket, token),) = queue_once(name, bool, "the waiter never queued")
+        waiter = LeaseWaiter.objects.values("pid", "thread").get(id=ticket)
         LeaseWaiter.objects.filter(id=ticket).delete()  # as a sweep or a failover would
         ((requeued, again),) = queue_once(
             name, lambda places: places != [], "the waiter never queued again"
         )
-        assert requeued != ticket and again == token, "queued again, under its token"
+        assert requeued > ticket and again != token, "a new place, with a new token"
+        assert LeaseWaiter.objects.values("pid", "thread").get(id=requeued) == waiter
         newcomer.start()
         queue_once(name, lambda places: len(places) == 2, "the newcomer never queued")
         holder.release()
         assert first.granted.wait(10), "the waiter was not served"
         assert first.grant is not None and first.grant.fence == holder.fence + 1
-        assert not newcomer.granted.is_set(), "the newcomer overtook the waiter"
+        assert not newcomer.granted.is_set(), "the newcomer was served first"
         first.done.set()
         assert newcomer.granted.wait(10)
         assert newcomer.grant is not None and newcomer.grant.fence == holder.fence + 2
@@ -88,20 +82,30 @@ def test_a_waiter_whose_place_is_gone_queues_again_and_keeps_its_turn() -> None:
                 thread.join(30)
 
 
-def test_a_waiter_that_leaves_deletes_its_own_place_alone() -> None:
+def test_a_waiter_that_leaves_deletes_its_own_place_alone(settings: Any) -> None:
     """After a failover, a waiter's ticket can be another waiter's (the sequence that
-    issues them went back): leaving, a waiter deletes only the row that has its token."""
+    issues them went back): leaving before it refreshes its place, a waiter deletes
+    only a row that has its token."""
+    settings.DJLOCKS = {**settings.DJLOCKS, "WAITER_TTL": 30}  # no refresh meanwhile
     name = "lost-place:leave"
     holder = Lock(name, ttl=30).acquire_grant()
     assert holder is not None
+    lock = Lock(name, ttl=30)
+
+    def wait_then_leave() -> None:
+        try:
+            lock.acquire(timeout=2)
+        finally:
+            connections.close_all()
+
     try:
-        lock = Lock(name, ttl=30)
-        leaving = threading.Thread(target=lambda: lock.acquire(timeout=1))
+        leaving = threading.Thread(target=wait_then_leave)
         leaving.start()
         ((ticket, _),) = queue_once(name, bool, "the waiter never queued")
         # Its ticket now names another waiter's row, as a set-back sequence would have it.
-        LeaseWaiter.objects.filter(id=ticket).update(token="f" * 32)
+        assert LeaseWaiter.objects.filter(id=ticket).update(token="f" * 32) == 1
         leaving.join(10)
+        assert not leaving.is_alive()
         assert queue_of(name) == [(ticket, "f" * 32)], "it deleted another waiter's place"
     finally:
         LeaseWaiter.objects.filter(name=name).delete()

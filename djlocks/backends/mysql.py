@@ -142,15 +142,19 @@ class GetLockBackend(SessionBackend):
         return (int(slot), *row[1:]), int(issued)
 
     def _give_back(self, session: Session, key: Key) -> bool:
-        return bool(self._value(session, f"SELECT {mysql.RELEASE_KEY}", (str(key),)) == 1)
+        released = self._value(
+            session, f"SELECT {mysql.RELEASE_KEY}", (str(key),), interruptible=False
+        )
+        return bool(released == 1)
 
     def _value(
-        self, session: Session, sql: str, params: Sequence[object], interruptible: bool = False
+        self, session: Session, sql: str, params: Sequence[object], *, interruptible: bool
     ) -> Any:
         """The one value of ``sql`` on ``session``, with no cursor (``value_at_once``);
         ``interruptible``: a wait that a signal can interrupt (``run_at_once``)."""
         with session.wrapper.wrap_database_errors:
-            return mysql.value_at_once(session.wrapper.connection, sql, params, interruptible)
+            connection = session.wrapper.connection
+            return mysql.value_at_once(connection, sql, params, interruptible=interruptible)
 
     def _holds(self, session: Session, key: Key) -> bool:
         return bool(session.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (key,))[0] == 1)

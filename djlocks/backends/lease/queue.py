@@ -102,7 +102,8 @@ class LeaseQueue(LeaseClaims):
             wakeups = self.host_wakeups
             woken_here = None if wakeups is None else wakeups.open(ticket)
             # A release wakes this waiter:
-            woken = listening or woken_here is not None or self.dialect.waking is not None
+            waking = self.dialect.waking is not None
+            woken = listening or woken_here is not None or waking
             while True:
                 if ahead is None:  # counted a turn ago
                     ahead, grant = self._run(
@@ -156,6 +157,10 @@ class LeaseQueue(LeaseClaims):
                 if sleeper is not None and queued:
                     sleeper, queued = self._rename_sleeper(ticket, heir_token, sleeper)
                 if not queued:  # the place is gone (``_queue_again``): take a new one
+                    # A new token: a slot handed to the old one may still bear it, expired.
+                    requeue_token = secrets.token_hex(16)
+                    sleeper = self._sleeper()
+                    queued_at = time.monotonic()
                     requeued, ahead, grant = self._run(
                         partial(
                             self._queue_again,
@@ -164,6 +169,7 @@ class LeaseQueue(LeaseClaims):
                             waiter_ttl=waiter_ttl,
                             heir_token=heir_token,
                             sleeper=sleeper,
+                            next_token=requeue_token,
                         )
                     )
                     if grant is not None:
@@ -176,11 +182,12 @@ class LeaseQueue(LeaseClaims):
                         request.name,
                         requeued,
                     )
-                    ticket = requeued
+                    ticket, heir_token = requeued, requeue_token
                     if wakeups is not None:
                         if woken_here is not None:
                             woken_here.close()
                         woken_here = wakeups.open(ticket)
+                        woken = listening or woken_here is not None or waking
                     continue
                 aborted, notice, handed_unread = self._pause(
                     pause, ticket, abort, listening, heir_token, woken_here
@@ -188,7 +195,9 @@ class LeaseQueue(LeaseClaims):
                 if aborted:
                     return None
                 if handed_unread:  # most likely handed: read that grant alone
-                    grant = self._run(lambda db: self._handed_grant(db, request, heir_token))
+                    grant = self._run(
+                        partial(self._handed_grant, request=request, heir_token=heir_token)
+                    )
                     if grant is not None:
                         handed = True
                         return grant
@@ -201,18 +210,18 @@ class LeaseQueue(LeaseClaims):
         finally:
             if woken_here is not None:
                 woken_here.close()
-            if not handed and not self._leave_queue(ticket, heir_token):
+            if not handed and not self._leave_queue(key, heir_token):
                 self._pass_on(heir_token)
             elif woken_here is not None and at_the_front and not claimed:
                 self._wake_next(key, request.limit)
 
-    def _leave_queue(self, ticket: int, heir_token: str) -> bool:
-        """Give up the place ``ticket``, queued with ``heir_token``; True if it was still
-        queued (so nothing was handed over to it), False if it was not or if that is
-        unknown. If the store cannot be reached (the error that ended the wait, most
-        often), remember it, so that this process's next wait gives it up first instead
-        of queueing behind it until it expires (WAITER_TTL)."""
-        return bool(self._leave_places([Place(ticket, heir_token)]))
+    def _leave_queue(self, key: str, heir_token: str) -> bool:
+        """Give up the place in the queue of ``key`` that was taken with ``heir_token``;
+        True if it was still queued (so nothing was handed over to it), False if it was
+        not or if that is unknown. If the store cannot be reached (the error that ended
+        the wait, most often), remember it, so that this process's next wait gives it up
+        first instead of queueing behind it until it expires (WAITER_TTL)."""
+        return bool(self._leave_places([Place(key, heir_token)]))
 
     def _wake_next(self, key: str, limit: int) -> None:
         """Wake the name's first ``limit`` live waiters on this host (``host_wakeups``):
@@ -282,16 +291,14 @@ class LeaseQueue(LeaseClaims):
     def _leave_places(self, places: list[Place]) -> int | None:
         """Delete ``places`` in one statement and return how many were still there, or
         remember them (at most ``ABANDONED_KEPT``: older ones have expired by the time
-        the store is back) and return ``None``. A row is deleted only if it has one of
-        their tokens, which no other wait has: a ticket alone could be another
-        waiter's (``Place``)."""
-        marks = ", ".join(["%s"] * len(places))
+        the store is back) and return ``None``."""
+        matching = " OR ".join(["(name_key = %s AND token = %s)"] * len(places))
         try:
             return self._run(
                 lambda db: self._execute(
                     db,
-                    f"DELETE FROM {WAITERS} WHERE id IN ({marks}) AND token IN ({marks})",
-                    [place.ticket for place in places] + [place.token for place in places],
+                    f"DELETE FROM {WAITERS} WHERE {matching}",
+                    [part for place in places for part in place],
                 )
             )
         except BackendUnavailable:
@@ -474,7 +481,9 @@ class LeaseQueue(LeaseClaims):
             nonlocal tries
             tries += 1
             if tries > 1:
-                return self._queue_again(db, request, key, waiter_ttl, heir_token, sleeper)
+                return self._queue_again(
+                    db, request, key, waiter_ttl, heir_token, sleeper, heir_token
+                )
             ticket, ahead = self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
             return ticket, ahead, None
 
@@ -488,23 +497,25 @@ class LeaseQueue(LeaseClaims):
         waiter_ttl: float,
         heir_token: str,
         sleeper: int | None,
+        next_token: str,
     ) -> tuple[int | None, int, GrantRecord | None]:
-        """Take a new place at the back of the queue under ``heir_token``, after a first
+        """Take a new place at the back of the queue under ``next_token``, after a first
         enqueue whose reply was lost (``_enqueuing``) or a place that is gone: a sweep
         removed it while its waiter stalled past ``WAITER_TTL`` (a pause, a stopped
         process), or the store failed over to a replica that had not received it.
         Without a place, the waiter would go on polling for a slot, unseen in the
         listings, and anyone who queued after it could be served first.
-        Deletes whatever row the token still has, then returns the slot a release
-        handed to it meanwhile, if one did (``(None, 0, grant)``; after the delete, no
-        release can hand it one), else the new ticket and the waiters ahead of it."""
+        Deletes whatever row ``heir_token``, the token of the first place, still has,
+        then returns the slot a release handed to it meanwhile, if one did (``(None, 0,
+        grant)``; after the delete, no release can hand it one), else the new ticket and
+        the waiters ahead of it."""
         self._execute(
             db, f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s", (key, heir_token)
         )
         handed = self._handed_grant(db, request, heir_token)
         if handed is not None:
             return None, 0, handed
-        ticket, ahead = self._enqueue(db, request, key, waiter_ttl, heir_token, sleeper)
+        ticket, ahead = self._enqueue(db, request, key, waiter_ttl, next_token, sleeper)
         return ticket, ahead, None
 
     def _enqueue(

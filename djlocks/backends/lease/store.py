@@ -55,13 +55,14 @@ CONTENTION_RETRIES = 20
 
 
 class Place(NamedTuple):
-    """A waiter's place in the queue: its row's ``id`` (the ticket) and the token it
-    queued with, which is the waiter's alone. A waiter changes or deletes its row by
-    both: after a failover to a replica that had not received the latest rows (or a
-    restore from a backup), the sequence that issues tickets starts again from an
-    older value, and a ticket can then be another waiter's."""
+    """A waiter's place in the queue: the name's key and the token the waiter queued
+    with, which is its alone. A waiter finds its row by its token, never by its ticket
+    (the row's ``id``) alone: an enqueue whose reply was lost leaves a ticket the
+    waiter never learned, and after a failover to a replica that had not received the
+    latest rows (or a restore from a backup) the sequence that issues tickets starts
+    again from an older value, so a ticket can be another waiter's."""
 
-    ticket: int
+    key: str
     token: str
 
 

@@ -161,10 +161,10 @@ class SessionClaims(SessionStore):
                 fence = self._take(session, key, 0, identity)
                 if fence is not None:
                     return 0, fence
+                self._contended.add(key)
                 if seconds_left(deadline) == 0:
                     return None
-                self._contended.add(key)
-            self._register(session, request)  # a free lock is granted at once all the same
+            self._register(session, request)  # a wait may be granted at once all the same
             return self._wait_watched(session, request, key, deadline, identity)
         slot, _, fence = self._try_slots(session, request, identity, None)
         if slot is not None and fence is not None:

@@ -519,10 +519,14 @@ def value_of(cursor: Any, sql: str, params: Sequence[object]) -> Any:
     return cursor.fetchone()[0]
 
 
-def value_at_once(connection: Any, sql: str, params: Sequence[object], interruptible: bool) -> Any:
+def value_at_once(
+    connection: Any, sql: str, params: Sequence[object], *, interruptible: bool
+) -> Any:
     """The first value of the first row of ``sql`` (``None`` if it has none), run on a
     mysqlclient ``connection`` without a cursor; ``interruptible``: its wait can be
-    interrupted by a signal (``run_at_once``)."""
+    interrupted by a signal (``run_at_once``). A statement that returns at once (a
+    try, a release) need not be: it then waits in the C API, which a signal does not
+    interrupt, for a reply that comes after one round trip."""
     row = run_at_once(connection, sql, params, interruptible=interruptible)[0]
     return row[0] if row else None
 
