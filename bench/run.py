@@ -85,7 +85,8 @@ def render(report: dict[str, Any]) -> str:
         "## Uncontended acquire + release",
         "",
         "`x RTT` is the median pair over the median `SELECT 1` round trip (the floor) "
-        "measured in the same process; contenders interleaved round by round.",
+        "measured in the same process; contenders interleaved round by round, in an order "
+        "shuffled for each round.",
         "",
         "| database | floor | contender | median | p99 | x RTT |",
         "|---|---:|---|---:|---:|---:|",
