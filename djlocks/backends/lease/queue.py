@@ -292,19 +292,21 @@ class LeaseQueue(LeaseClaims):
         """Delete ``places`` in one statement and return how many were still there, or
         remember them (at most ``ABANDONED_KEPT``: older ones have expired by the time
         the store is back) and return ``None``."""
-        matching = " OR ".join(["(name_key = %s AND token = %s)"] * len(places))
         try:
-            return self._run(
-                lambda db: self._execute(
-                    db,
-                    f"DELETE FROM {WAITERS} WHERE {matching}",
-                    [part for place in places for part in place],
-                )
-            )
+            return self._run(lambda db: self._delete_places(db, places))
         except BackendUnavailable:
             with self._abandoned_guard:
                 self._abandoned = [*self._abandoned, *places][-ABANDONED_KEPT:]
             return None
+
+    def _delete_places(self, db: BaseDatabaseWrapper, places: list[Place]) -> int:
+        """Delete the rows of ``places`` in one statement; how many there were."""
+        matching = " OR ".join(["(name_key = %s AND token = %s)"] * len(places))
+        return self._execute(
+            db,
+            f"DELETE FROM {WAITERS} WHERE {matching}",
+            [part for place in places for part in place],
+        )
 
     def _pause(
         self,
@@ -509,9 +511,7 @@ class LeaseQueue(LeaseClaims):
         then returns the slot a release handed to it meanwhile, if one did (``(None, 0,
         grant)``; after the delete, no release can hand it one), else the new ticket and
         the waiters ahead of it."""
-        self._execute(
-            db, f"DELETE FROM {WAITERS} WHERE name_key = %s AND token = %s", (key, heir_token)
-        )
+        self._delete_places(db, [Place(key, heir_token)])
         handed = self._handed_grant(db, request, heir_token)
         if handed is not None:
             return None, 0, handed
