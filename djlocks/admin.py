@@ -1,4 +1,5 @@
-"""The operators' dashboard in the Django admin, and read-only views of djlocks' tables.
+"""The operators' dashboard in the Django admin; importing it registers the read-only
+views of djlocks' tables too (``table_admin``).
 
 The dashboard hangs off ``LockName`` (a model without a table) through
 ``get_urls()``: the overview replaces its change list, and each page is wrapped
@@ -51,9 +52,10 @@ from djlocks.inspection import (
     request_release,
     snapshot,
 )
-from djlocks.models import LeaseSlot, LeaseWaiter, LockEvent, LockName
+from djlocks.models import LockName
 from djlocks.moments import MomentEncoder, moment_text
 from djlocks.stuck import stuck_holders
+from djlocks.table_admin import ReadOnlyAdmin
 from djlocks.timeline import average_waiters, distributions, timeline
 
 PAGE_SIZE = 100
@@ -66,19 +68,6 @@ TIMELINES = {"10m": timedelta(minutes=10), "1h": timedelta(hours=1)}
 SPARKLINE_PERIOD = timedelta(hours=1)
 SPARKLINE_POINTS = 30
 View = Callable[..., HttpResponse]
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Rows written by djlocks only; the admin shows them."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 class ReleaseForm(forms.Form):
@@ -328,6 +317,7 @@ class DashboardAdmin(ReadOnlyAdmin):
             "now": now,
             "backend": backend,
             "name": name,
+            "grant_ends_with": backends[backend].capabilities.grant_ends_with,
             "limit": None if found.unavailable else _limit(backend, name, found.holders),
             "unavailable": found.unavailable,
             "holders": holders,
@@ -591,55 +581,3 @@ def _sort_link(query: dict[str, str], key: str) -> str:
     """The query string that sorts by ``key``, descending if it is the current ascending sort."""
     order = f"-{key}" if query.get("o", "name") == key else key
     return "?" + urlencode({**{k: v for k, v in query.items() if k != "page"}, "o": order})
-
-
-@admin.register(LockEvent)
-class LockEventAdmin(ReadOnlyAdmin):
-    list_display = (
-        "at",
-        "kind",
-        "backend",
-        "name",
-        "slot",
-        "fence",
-        "host",
-        "pid",
-        "label",
-        "waited",
-        "held",
-        "operator",
-    )
-    # A date filter, not a date_hierarchy: the hierarchy has the database convert
-    # times to TIME_ZONE, which MySQL cannot without its time-zone tables (the page
-    # failed); the filter's ranges are computed here.
-    list_filter = ("kind", "backend", "at")
-    search_fields = ("name", "host", "label", "operator", "reason")
-    ordering = ("-at",)
-
-
-@admin.register(LeaseSlot)
-class LeaseSlotAdmin(ReadOnlyAdmin):
-    """The lease rows, without their owner tokens: a token lets its bearer release."""
-
-    exclude = ("token",)
-    list_display = (
-        "name",
-        "slot",
-        "limit",
-        "fence",
-        "host",
-        "pid",
-        "label",
-        "acquired_at",
-        "expires_at",
-        "cooldown_until",
-    )
-    search_fields = ("name", "host", "label")
-    ordering = ("name", "slot")
-
-
-@admin.register(LeaseWaiter)
-class LeaseWaiterAdmin(ReadOnlyAdmin):
-    list_display = ("name", "id", "host", "pid", "label", "since", "expires_at")
-    search_fields = ("name", "host", "label")
-    ordering = ("name", "id")

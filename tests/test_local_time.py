@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.admin import site
 from django.core.management import call_command
 from django.db import connections
 from django.test import Client
@@ -26,6 +27,9 @@ from django.utils import timezone
 from djlocks import Lock, LockLost, NotAcquired
 from djlocks.backends import backends
 from djlocks.backends.base import LockBackend
+from djlocks.keys import table_key
+from djlocks.models import LeaseSlot, LeaseWaiter
+from djlocks.table_admin import LeaseSlotAdmin, LeaseWaiterAdmin
 
 pytestmark = pytest.mark.usefixtures("store")
 
@@ -160,3 +164,44 @@ def test_a_cooldown_and_an_expired_lease_are_judged_by_the_stores_clock() -> Non
         assert [h.name for h in store.holders()] == ["local-time:live"]
     with pytest.raises(LockLost):
         expired.release()
+
+
+@pytest.mark.usefixtures("local_time")
+def test_the_lease_tables_pages_show_local_time_and_only_a_cooldown_that_lasts(
+    admin_client: Client,
+) -> None:
+    """The admin's *Lease slots* and *Lease waiters*: the database wrote their moments by
+    its UTC clock, which MySQL and SQLite keep as bare wall times."""
+    name, store = "local-time:tables", backends["default"]
+    slots, waiters = LeaseSlotAdmin(LeaseSlot, site), LeaseWaiterAdmin(LeaseWaiter, site)
+    waiter_ids: list[int] = []
+    waiting = threading.Thread(target=_wait_for, args=(name, "default", waiter_ids), daemon=True)
+    try:
+        with Lock(name, backend="default", ttl=30, cooldown=60):
+            waiting.start()
+            deadline = time.monotonic() + 20
+            while not store.waiters(name):
+                assert time.monotonic() < deadline, "the waiter never queued"
+                time.sleep(0.05)
+            slot = LeaseSlot.objects.using(store.using).get(key=table_key(name))
+            assert_local_now(slots.acquired(slot), "Lease slots: acquired at")
+            assert_local_now(slots.expires(slot) - timedelta(seconds=30), "Lease slots: expires")
+            waiter = LeaseWaiter.objects.using(store.using).get(key=table_key(name))
+            assert_local_now(waiters.waiting_since(waiter), "Lease waiters: since")
+            for page in (
+                reverse("admin:djlocks_leaseslot_changelist"),
+                reverse("admin:djlocks_leaseslot_change", args=[slot.pk]),
+                reverse("admin:djlocks_leasewaiter_changelist"),
+                reverse("admin:djlocks_leasewaiter_change", args=[waiter.pk]),
+            ):
+                shown = admin_client.get(page)
+                assert shown.status_code == 200, page
+                assert waiter.token not in shown.content.decode(), f"{page} shows a token"
+        slot.refresh_from_db()
+        assert_local_now(slots.cooldown(slot) - timedelta(seconds=60), "Lease slots: cool-down")
+        slot.cooldown_until = timezone.now() - timedelta(days=1)  # as a slot keeps one
+        assert slots.cooldown(slot) is None, "a past cool-down is shown"
+    finally:
+        store.set_cooldown(name, 0, 0)  # the waiter's turn
+        waiting.join(timeout=20)
+    assert not waiting.is_alive()

@@ -15,10 +15,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import TypeVar
 from urllib.parse import urlencode
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
@@ -282,6 +284,10 @@ def test_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client
         page = admin_client.get(reverse("admin:djlocks_name") + "?" + query).content.decode()
         assert "nightly import" in page and str(holder.connection_id) in page
         assert all(str(worker.pid) in page for worker in waiters)
+        assert "with its transaction" in page and "with its session" not in page
+        listed = StringIO()
+        call_command("djlocks", "list", "--backend", ROW, stdout=listed)
+        assert "expires with its transaction" in listed.getvalue(), listed.getvalue()
     fences = [report.get(timeout=30) for _ in range(4)]
     held = [fence for event, _pid, fence in fences if event == "held"]
     assert held == sorted(held) and min(held) > grant.fence

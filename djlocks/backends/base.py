@@ -145,9 +145,11 @@ class Capabilities:
     #: A released slot can be held back for a cool-down (``set_cooldown``).
     cooldowns: bool
     #: How a holder that died (SIGKILL, lost host) stops holding. ``"ttl"`` when its
-    #: lease runs out; ``"session"`` at once, when the server ends its session or
-    #: transaction; ``"process"`` with the process (in-memory stores).
-    crash_release: Literal["ttl", "session", "process"]
+    #: lease runs out; ``"session"`` at once, when the server ends its session;
+    #: ``"transaction"`` at once, when the server ends its transaction (a row lock's,
+    #: which a lost session also ends); ``"process"`` with the process (in-memory
+    #: stores).
+    crash_release: Literal["ttl", "session", "transaction", "process"]
     #: djlocks can write the history of this store's grants (``DJLOCKS["EVENTS"]``).
     history: bool
     #: An operator can ask a holder to give its grant back (``request_release``).
@@ -167,6 +169,13 @@ class Capabilities:
     #: leadership's term is; not where one grant holds the database's only write lock
     #: (row locks on SQLite).
     long_holds: bool = True
+
+    @property
+    def grant_ends_with(self) -> str:
+        """What a grant ends with when it has no lease to run out (``expires_at`` is
+        ``None``), in words for an operator: ``"its session"``, ``"its transaction"``,
+        ``"its process"``; ``"its lease"`` where every grant has one."""
+        return "its lease" if self.crash_release == "ttl" else f"its {self.crash_release}"
 
 
 class LockBackend(ABC):

@@ -76,7 +76,7 @@ class RowLockBackend(LockBackend):
             fifo=False,
             semaphores=not sqlite,
             cooldowns=False,
-            crash_release="session",
+            crash_release="transaction",
             history=not (sqlite and same_database),
             graceful_release=False,
             pushes_revocation=False,

@@ -237,7 +237,11 @@ class Command(BaseCommand):
 
     def _print_lines(self, found: Snapshot, nothing: str) -> None:
         for h in found.holders:
-            expiry = "session" if h.expires_at is None else moment_text(h.expires_at, "%H:%M:%S")
+            expiry = (
+                f"with {_ends_with(h.backend)}"
+                if h.expires_at is None
+                else moment_text(h.expires_at, "%H:%M:%S")
+            )
             connection = "" if h.connection_id is None else f"  connection {h.connection_id}"
             self._say(
                 f"{h.backend}  {h.name}  slot {h.slot}/{h.limit}  fence {_fence(h)}  "
@@ -527,3 +531,8 @@ def _accept_django_options(subcommand: ArgumentParser) -> None:
 def _fence(holder: HolderInfo) -> str:
     """The holder's fence, or what stands for one the server's view does not show."""
     return "not known yet" if holder.fence is None else str(holder.fence)
+
+
+def _ends_with(alias: str) -> str:
+    """What ends a lease-less grant of backend ``alias``: ``its session``, ``its transaction``."""
+    return backends[alias].capabilities.grant_ends_with
