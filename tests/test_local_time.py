@@ -105,6 +105,10 @@ def test_moments_are_local_time_and_the_operators_tools_work(
             assert admin_client.get(page).status_code == 200, page
     waiting.join(timeout=20)
     assert not waiting.is_alive()
+    if store.capabilities.cooldowns:
+        until = store.set_cooldown(name, 0, 30)
+        assert_local_now(until - timedelta(seconds=30), "set_cooldown's end - 30 s")
+        store.set_cooldown(name, 0, 0)
     assert "default: 0 expired grants, 0 dead waiters" in djlocks("sweep").splitlines()
 
 

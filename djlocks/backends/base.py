@@ -254,8 +254,9 @@ class LockBackend(ABC):
     def set_cooldown(self, name: str, slot: int, seconds: float) -> datetime | None:
         """End slot ``slot``'s cool-down ``seconds`` from the store's now (0 clears it).
 
-        Returns the new end. Raises ``ValueError`` if the store has no such
-        slot, or (this default) keeps no cool-downs at all.
+        Returns the new end, in the project's time (``moments.project_moment``), or
+        ``None`` once cleared. Raises ``ValueError`` if the store has no such slot,
+        or (this default) keeps no cool-downs at all.
         """
         raise ValueError(
             f"Backend {self.alias!r} ({type(self).__name__}) keeps no cool-downs; "

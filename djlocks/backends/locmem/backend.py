@@ -24,6 +24,7 @@ from djlocks.backends.base import (
 from djlocks.backends.locmem.state import Lease, NameState, Waiter, shown
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, LockLost
+from djlocks.moments import project_moment
 
 
 class LocMemBackend(LockBackend):
@@ -277,7 +278,7 @@ class LocMemBackend(LockBackend):
             if seconds > 0:
                 entry.cooldowns[slot] = now + seconds
             entry.changed.notify_all()
-            return shown(now + seconds) if seconds > 0 else None
+            return project_moment(shown(now + seconds)) if seconds > 0 else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Take the live grant ``token`` of ``name`` away (or every live grant); return how many.

@@ -30,6 +30,7 @@ from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.keys import redis_meta_key
+from djlocks.moments import project_moment
 
 acquire_log = logging.getLogger("djlocks.acquire")
 renew_log = logging.getLogger("djlocks.renew")
@@ -232,7 +233,7 @@ class RedisBackend(RedisInspection):
         until = int(self._run("set_cooldown", name, slot, ms(seconds) if seconds > 0 else 0))
         if until < 0:
             raise ValueError(f"{name!r} has no slot {slot} on backend {self.alias!r}.")
-        return moment(until) if until else None
+        return project_moment(moment(until)) if until else None
 
     def force_release(self, name: str, token: str | None = None) -> int:
         """Delete the lease of ``token`` (or every lease) of ``name``; each holder is
