@@ -76,15 +76,15 @@ class EventLog:
         ``in_background``."""
         if not grant.backend.capabilities.history or not djlocks_settings()["EVENTS"]:
             return  # before building the events: this is on every release's path
-        ended_at = timezone.now()
+        ended_at, acquired_at = timezone.now(), grant.acquired_at
         common = _about_grant(grant)
         self.record(
             [
-                _event(at=grant.acquired_at, kind=Kind.ACQUIRED, waited=grant.waited, **common),
+                _event(at=acquired_at, kind=Kind.ACQUIRED, waited=grant.waited, **common),
                 _event(
                     at=ended_at,
                     kind=kind,
-                    held=(ended_at - grant.acquired_at).total_seconds(),
+                    held=(ended_at - acquired_at).total_seconds(),
                     reason=reason,
                     **common,
                 ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -114,12 +113,12 @@ class Grant:
         #: counted too.
         self.measured_as: object = None
 
-    @functools.cached_property
+    @property
     def acquired_at(self) -> datetime:
         """When the grant was made, by this host's wall clock, as
         ``django.utils.timezone.now()`` gave it then: aware (UTC) under ``USE_TZ``, else
         naive local time. The clock is read at the grant; the ``datetime`` is built when
-        first asked for (the event history), not on the way to the holder."""
+        asked for (the event history), not on the way to the holder."""
         return datetime.fromtimestamp(self._granted_wall, UTC if self._granted_aware else None)
 
     def __repr__(self) -> str:

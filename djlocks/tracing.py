@@ -8,13 +8,15 @@ the wait made as children. Attributes: ``djlocks.name``, ``djlocks.backend``,
 ``djlocks.slot`` and ``djlocks.waited`` (seconds). An acquire that raises
 records the exception on its span. Until the project configures a tracer
 provider (the OpenTelemetry SDK), whose spans would record nothing, no span is
-opened; without the package, nothing is done at all.
+opened (a provider configured after the first acquires is used within a second);
+without the package, nothing is done at all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
@@ -38,10 +40,31 @@ Outcome = Callable[["Grant | None"], None]
 
 def acquiring(backend: str, name: str, limit: int) -> AbstractContextManager[Outcome]:
     """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``;
-    none until a tracer provider is configured."""
-    if trace is None or isinstance(trace.get_tracer_provider(), _RECORDING_NOTHING):
+    none until a tracer provider is configured (``_configured``)."""
+    if trace is None or not _configured():
         return _NOT_TRACED
     return _span(backend, name, limit)
+
+
+#: Seconds for which "no tracer provider is configured" is believed: asking the API
+#: reads the process's environment each time (``OTEL_PYTHON_TRACER_PROVIDER``), as
+#: much work as the rest of a span-less acquire's tracing. A provider configured later
+#: is used from this long after, at most.
+UNCONFIGURED_BELIEVED = 1.0
+#: Until when (``time.monotonic()``) no tracer provider is believed configured.
+_unconfigured_until = 0.0
+
+
+def _configured() -> bool:
+    """Whether the project configured a tracer provider whose spans record."""
+    global _unconfigured_until
+    now = time.monotonic()
+    if now < _unconfigured_until:
+        return False
+    if isinstance(trace.get_tracer_provider(), _RECORDING_NOTHING):
+        _unconfigured_until = now + UNCONFIGURED_BELIEVED
+        return False
+    return True
 
 
 @contextlib.contextmanager
