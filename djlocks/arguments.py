@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
+from collections.abc import Callable
 from datetime import timedelta
 
 from djlocks.written import RECHECK, SHORTEST_IDLE
@@ -39,6 +41,30 @@ def validate_name(name: object) -> str:
             "Use a shorter name, or hash the long part yourself."
         )
     return validate_text(name, "A lock name")
+
+
+def function_lock_name(func: Callable[..., object]) -> str:
+    """The name ``@db_lock()`` gives the lock of ``func`` when it is given none: the
+    function's ``module.qualname`` (``"myapp.jobs.cleanup"``).
+
+    A function of ``__main__`` is named after the module it was run as (``python -m
+    myapp.jobs`` gives ``"myapp.jobs.cleanup"``, as an import would). Raises
+    ``ValueError`` for one whose module has no such name (a script run by its path, the
+    shell): ``"__main__.cleanup"`` would be the name of every script's ``cleanup``,
+    and not the name of the same function imported elsewhere."""
+    module = func.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is None or spec.name == "__main__":
+            raise ValueError(
+                f"@db_lock() cannot name the lock of {func.__qualname__}(): it is defined "
+                f"in a script run by its path or in the shell, whose module has no name of "
+                f"its own, so every script's {func.__qualname__}() would share one lock. "
+                f'Name it: @db_lock("myproject.{func.__qualname__}"), or run the module '
+                f"with python -m."
+            )
+        module = spec.name
+    return validate_name(f"{module}.{func.__qualname__}")
 
 
 def validate_label(label: object) -> str | None:

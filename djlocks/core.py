@@ -19,6 +19,7 @@ from django.db import connections
 from djlocks import metrics, tracing
 from djlocks.arguments import (
     Seconds,
+    function_lock_name,
     normalize_cooldown,
     normalize_max_hold,
     normalize_timeout,
@@ -487,13 +488,11 @@ class Lock:
         """Decorate ``func`` so each call runs while holding the lock.
 
         A call not granted the lock within ``timeout`` raises ``NotAcquired``,
-        or returns ``None`` without running ``func`` when ``on_busy="skip"``.
+        or returns ``None`` without running ``func`` when ``on_busy="skip"``. A lock
+        given no name is named after ``func`` (``arguments.function_lock_name``, whose
+        ``ValueError`` for a function of a script or the shell is raised here).
         """
-        spec = (
-            self
-            if self._name is not None
-            else self.with_name(f"{func.__module__}.{func.__qualname__}")
-        )
+        spec = self if self._name is not None else self.with_name(function_lock_name(func))
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)

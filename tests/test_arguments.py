@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -108,3 +112,44 @@ def test_stress_rejects_nonsense_counts(transactional_db: None) -> None:
 
     with pytest.raises(CommandError, match="at least 1"):
         call_command("djlocks", "stress", "--limit", "0")
+
+
+DECORATED = """
+import django
+django.setup()
+from djlocks import db_lock
+from djlocks.arguments import function_lock_name
+def cleanup():
+    pass
+try:
+    db_lock()(cleanup)
+except ValueError as exc:
+    print("refused:", exc)
+else:
+    print("named:", function_lock_name(cleanup))
+"""
+
+
+@pytest.mark.parametrize("run_as", ["script", "module"])
+def test_a_function_of_main_is_named_after_its_module_or_must_be_named(
+    run_as: str, tmp_path: Path
+) -> None:
+    """``python -m nightly`` names ``@db_lock()``'s lock ``nightly.cleanup``, as an import
+    would; a script run by its path (or the shell) has no module name to give, and
+    ``__main__.cleanup`` would be every script's ``cleanup``."""
+    (tmp_path / "nightly.py").write_text(DECORATED)
+    command = ["-m", "nightly"] if run_as == "module" else [str(tmp_path / "nightly.py")]
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent.parent)])
+    ran = subprocess.run(
+        [sys.executable, *command],
+        env={**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    if run_as == "module":
+        assert ran.stdout.strip() == "named: nightly.cleanup", ran.stdout
+    else:
+        assert ran.stdout.startswith("refused: @db_lock() cannot name the lock of cleanup()")
+        assert '@db_lock("myproject.cleanup")' in ran.stdout, ran.stdout
