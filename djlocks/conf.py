@@ -102,8 +102,16 @@ Normalized = TypeVar("Normalized")
 @cache
 def normalized_setting(key: str, normalize: Callable[[Any], Normalized]) -> Normalized:
     """``normalize(DJLOCKS[key])`` (a default read at every acquire), computed once per
-    value of the setting; what ``normalize`` raises is raised each time."""
-    return normalize(djlocks_settings()[key])
+    value of the setting. What ``normalize`` raises (``TypeError``, ``ValueError``) is
+    raised each time, its message naming the setting: the caller passed no such
+    argument, so "ttl must be at least 0.3 seconds" alone would send them looking in
+    their own code."""
+    try:
+        return normalize(djlocks_settings()[key])
+    except TypeError as exc:
+        raise TypeError(f"DJLOCKS[{key!r}] in your settings: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"DJLOCKS[{key!r}] in your settings: {exc}") from exc
 
 
 @receiver(setting_changed)

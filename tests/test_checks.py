@@ -22,6 +22,7 @@ from django.db import connection
 from django.db.utils import ConnectionHandler
 from django.test import override_settings
 
+from djlocks import Lock
 from djlocks.backends import backends, import_hint
 from djlocks.backends.redis import RedisBackend
 from djlocks.backends.sqlite_checks import lease_store_messages
@@ -77,6 +78,19 @@ def test_a_missing_driver_names_the_extra_to_install() -> None:
 @override_settings(DJLOCKS={"TTL": 0})
 def test_bad_ttl_is_an_error() -> None:
     assert "djlocks.E003" in _ids()
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [("TTL", 0, ValueError), ("TTL", "a minute", TypeError), ("MAX_HOLD", -5, ValueError)],
+)
+def test_a_bad_default_named_by_no_argument_names_its_setting(
+    key: str, value: object, error: type[Exception]
+) -> None:
+    """A lock given no ``ttl`` (or ``max_hold``) reads ``DJLOCKS``: the error says so."""
+    with override_settings(DJLOCKS={key: value}), pytest.raises(error) as raised:
+        Lock("checks:defaults").acquire(timeout=0)
+    assert str(raised.value).startswith(f"DJLOCKS[{key!r}] in your settings: "), raised.value
 
 
 @pytest.mark.django_db
