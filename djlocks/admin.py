@@ -317,7 +317,9 @@ class DashboardAdmin(ReadOnlyAdmin):
             "now": now,
             "backend": backend,
             "name": name,
-            "grant_ends_with": backends[backend].capabilities.grant_ends_with,
+            "grant_ends_with": (
+                "" if found.unavailable else backends[backend].capabilities.grant_ends_with
+            ),
             "limit": None if found.unavailable else _limit(backend, name, found.holders),
             "unavailable": found.unavailable,
             "holders": holders,

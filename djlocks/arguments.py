@@ -18,6 +18,9 @@ from djlocks.written import RECHECK, SHORTEST_IDLE
 Seconds = int | float | timedelta
 
 MAX_NAME_LENGTH = 255
+#: The names a program's main module goes by: ``__main__``, and ``__mp_main__`` in the
+#: processes that ``multiprocessing`` spawns, which import it under that name.
+MAIN_MODULES = ("__main__", "__mp_main__")
 #: Characters of a label (``Lock(label=...)``, ``runlocked --label``); the stores keep 255.
 MAX_LABEL_LENGTH = 255
 #: NUL, which no database stores in text, and lone surrogates, which are not Unicode
@@ -47,23 +50,24 @@ def function_lock_name(func: Callable[..., object]) -> str:
     """The name ``@db_lock()`` gives the lock of ``func`` when it is given none: the
     function's ``module.qualname`` (``"myapp.jobs.cleanup"``).
 
-    A function of ``__main__`` is named after the module it was run as (``python -m
-    myapp.jobs`` gives ``"myapp.jobs.cleanup"``, as an import would). Raises
-    ``ValueError`` for one whose module has no such name (a script run by its path, the
-    shell): ``"__main__.cleanup"`` would be the name of every script's ``cleanup``,
-    and not the name of the same function imported elsewhere."""
-    module = func.__module__
-    if module == "__main__":
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-        if spec is None or spec.name == "__main__":
-            raise ValueError(
-                f"@db_lock() cannot name the lock of {func.__qualname__}(): it is defined "
-                f"in a script run by its path or in the shell, whose module has no name of "
-                f"its own, so every script's {func.__qualname__}() would share one lock. "
-                f'Name it: @db_lock("myproject.{func.__qualname__}"), or run the module '
-                f"with python -m."
-            )
-        module = spec.name
+    A function of the main module is named after the module it was run as (``python
+    -m myapp.jobs`` gives ``"myapp.jobs.cleanup"``, as an import would), also in the
+    processes that ``multiprocessing`` spawns, which import it as ``__mp_main__``.
+    Raises ``ValueError`` for one whose module has no such name (a script run by its
+    path, the shell): ``"__main__.cleanup"`` would be the name of every script's
+    ``cleanup``, and not the name of the same function imported elsewhere."""
+    module: str | None = func.__module__  # None for a function of Django's shell
+    if module in MAIN_MODULES:
+        spec = getattr(sys.modules.get(module), "__spec__", None)
+        module = None if spec is None or spec.name in MAIN_MODULES else spec.name
+    if module is None:
+        raise ValueError(
+            f"@db_lock() cannot name the lock of {func.__qualname__}(): it is defined in "
+            f"a script run by its path or in the shell, whose module has no name of its "
+            f"own, so every script's {func.__qualname__}() would share one lock. Name "
+            f'it: @db_lock("myproject.{func.__qualname__}"), or run the module with '
+            f"python -m."
+        )
     return validate_name(f"{module}.{func.__qualname__}")
 
 

@@ -50,7 +50,7 @@ def acquiring(backend: str, name: str, limit: int) -> AbstractContextManager[Out
 #: reads the process's environment each time (``OTEL_PYTHON_TRACER_PROVIDER``), as
 #: much work as the rest of a span-less acquire's tracing. A provider configured later
 #: is used from this long after, at most.
-UNCONFIGURED_BELIEVED = 1.0
+UNCONFIGURED_RECHECK = 1.0
 #: Until when (``time.monotonic()``) no tracer provider is believed configured.
 _unconfigured_until = 0.0
 
@@ -62,7 +62,7 @@ def _configured() -> bool:
     if now < _unconfigured_until:
         return False
     if isinstance(trace.get_tracer_provider(), _RECORDING_NOTHING):
-        _unconfigured_until = now + UNCONFIGURED_BELIEVED
+        _unconfigured_until = now + UNCONFIGURED_RECHECK
         return False
     return True
 

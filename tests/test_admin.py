@@ -31,6 +31,7 @@ from djlocks.backends.base import HolderInfo
 from djlocks.events import USUAL_EVIDENCE, events
 from djlocks.models import LeaseSlot, LockEvent
 from djlocks.runlocked import EXIT_LOST
+from djlocks.table_admin import duration_text
 from tests.processes import finished, runlocked, wait_for_file, wait_until_dead
 from tests.test_reliability import LEASES
 from tests.workers import CONTEXT, start_worker, wait_in_line
@@ -361,6 +362,11 @@ def test_a_backend_on_a_database_that_is_not_configured_is_named_and_the_rest_sh
             assert "admin:still-shown" in admin_client.get(OVERVIEW).content.decode()
             data = admin_client.get(reverse("admin:djlocks_overview_json")).json()
             assert "not-configured" in data["unavailable"]["elsewhere"]
+            asked = {"backend": "elsewhere", "name": "admin:still-shown"}
+            page = admin_client.get(reverse("admin:djlocks_name"), asked)
+            assert page.status_code == 200 and "not-configured" in page.content.decode()
+            named = admin_client.get(reverse("admin:djlocks_name_json"), asked).json()
+            assert "not-configured" in named["unavailable"]["elsewhere"]
             assert [row["name"] for row in data["rows"]] == ["admin:still-shown"]
             out = StringIO()
             with pytest.raises(CommandError) as unusable:
@@ -554,3 +560,30 @@ def test_reader_writer_locks_are_shown_apart_with_their_readers_and_writer(
         assert row["readers"] == 0 and row["writer_fence"] == grant.fence
         assert f"pid {os.getpid()} (importer)" in row["writer"]
         assert "Reader-writer locks" in admin_client.get(OVERVIEW).content.decode()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0.0, "0.0 ms"),
+        (0.00234, "2.3 ms"),
+        (0.9994, "999.4 ms"),
+        (0.99996, "1.0 s"),
+        (75, "1 min 15 s"),
+    ],
+)
+def test_the_history_shows_waits_and_holds_in_milliseconds_below_a_second(
+    seconds: float, shown: str
+) -> None:
+    assert duration_text(seconds) == shown
+
+
+def test_an_event_shows_its_wait_and_hold_as_durations(admin_client: Client) -> None:
+    with db_lock("admin:event-durations"):
+        pass
+    assert events.flush()
+    event = LockEvent.objects.filter(name="admin:event-durations", kind="released").get()
+    assert event.held is not None and event.held < 1
+    page = admin_client.get(reverse("admin:djlocks_lockevent_change", args=[event.pk]))
+    assert duration_text(event.held) in page.content.decode()
+    assert repr(event.held) not in page.content.decode(), "the raw float is shown"

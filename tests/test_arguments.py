@@ -153,3 +153,48 @@ def test_a_function_of_main_is_named_after_its_module_or_must_be_named(
     else:
         assert ran.stdout.startswith("refused: @db_lock() cannot name the lock of cleanup()")
         assert '@db_lock("myproject.cleanup")' in ran.stdout, ran.stdout
+
+
+SPAWNING = """
+import multiprocessing
+import django
+django.setup()
+from djlocks.arguments import function_lock_name
+def cleanup():
+    pass
+def name_in_child():
+    return function_lock_name(cleanup)
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(function_lock_name(cleanup), pool.apply(name_in_child))
+"""
+
+
+def test_a_module_run_with_python_m_names_its_lock_alike_in_the_processes_it_spawns(
+    tmp_path: Path,
+) -> None:
+    """A spawned process imports the main module as ``__mp_main__``: its lock must have
+    the parent's name, or the two would not exclude each other."""
+    (tmp_path / "nightly.py").write_text(SPAWNING)
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent.parent)])
+    ran = subprocess.run(
+        [sys.executable, "-m", "nightly"],
+        env={**os.environ, "PYTHONPATH": path, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert ran.stdout.split() == ["nightly.cleanup", "nightly.cleanup"], ran.stdout
+
+
+def test_a_function_of_djangos_shell_must_name_its_lock() -> None:
+    """``manage.py shell`` runs its code without a ``__name__``: its functions' module is
+    ``None``."""
+
+    def cleanup() -> None:
+        pass
+
+    cleanup.__module__ = None  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"cannot name the lock of .*cleanup\(\)"):
+        db_lock()(cleanup)

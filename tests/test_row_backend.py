@@ -284,7 +284,7 @@ def test_waiters_queue_in_the_server_and_show_with_identity(admin_client: Client
         page = admin_client.get(reverse("admin:djlocks_name") + "?" + query).content.decode()
         assert "nightly import" in page and str(holder.connection_id) in page
         assert all(str(worker.pid) in page for worker in waiters)
-        assert "with its transaction" in page and "with its session" not in page
+        assert "<td>with its transaction</td>" in page and "with its session" not in page
         listed = StringIO()
         call_command("djlocks", "list", "--backend", ROW, stdout=listed)
         assert "expires with its transaction" in listed.getvalue(), listed.getvalue()

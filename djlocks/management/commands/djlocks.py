@@ -238,7 +238,7 @@ class Command(BaseCommand):
     def _print_lines(self, found: Snapshot, nothing: str) -> None:
         for h in found.holders:
             expiry = (
-                f"with {_ends_with(h.backend)}"
+                f"with {backends[h.backend].capabilities.grant_ends_with}"
                 if h.expires_at is None
                 else moment_text(h.expires_at, "%H:%M:%S")
             )
@@ -531,8 +531,3 @@ def _accept_django_options(subcommand: ArgumentParser) -> None:
 def _fence(holder: HolderInfo) -> str:
     """The holder's fence, or what stands for one the server's view does not show."""
     return "not known yet" if holder.fence is None else str(holder.fence)
-
-
-def _ends_with(alias: str) -> str:
-    """What ends a lease-less grant of backend ``alias``: ``its session``, ``its transaction``."""
-    return backends[alias].capabilities.grant_ends_with
