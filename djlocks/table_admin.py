@@ -98,20 +98,7 @@ class LockEventAdmin(ReadOnlyAdmin):
         "operator",
         "reason",
     )
-    list_display = (
-        "at",
-        "kind",
-        "backend",
-        "name",
-        "slot",
-        "fence",
-        "host",
-        "pid",
-        "label",
-        "waited_for",
-        "held_for",
-        "operator",
-    )
+    list_display = tuple(field for field in fields if field not in ("thread", "reason"))
     # A date filter, not a date_hierarchy: the hierarchy has the database convert
     # times to TIME_ZONE, which MySQL cannot without its time-zone tables (the page
     # failed); the filter's ranges are computed here.
