@@ -109,6 +109,8 @@ class Grant:
         self._loss_teller: int | None = None  # the thread telling listeners of the loss
         self._released = False
         self._release_requested = False
+        #: Renewals that failed in a row (counted, and logged, by the heartbeat).
+        self.renewal_failures = 0
         #: Where the metrics counted the grant (``djlocks.metrics``), until its end is
         #: counted too.
         self.measured_as: object = None

@@ -221,18 +221,46 @@ class Heartbeat:
             grant.mark_lost(str(exc))
             return None
         except BackendUnavailable as exc:  # its message says what failed and why
-            renew_log.warning("renewal of %s failed; retrying: %s", grant.name, exc)
+            _log_failed_renewal(grant, exc)
             return min(started + RETRY_AFTER_FAILURE, grant.believe_until())
         except Exception:  # a renewal thread must never die with leases to keep alive
             renew_log.exception("renewal of %s failed unexpectedly; retrying", grant.name)
             return min(started + RETRY_AFTER_FAILURE, grant.believe_until())
         else:
+            if grant.renewal_failures:
+                renew_log.info(
+                    "renewal of %s succeeded after %s failed attempt(s)",
+                    grant.name,
+                    grant.renewal_failures,
+                )
+                grant.renewal_failures = 0
             grant.renewed(started, expires_at)
             metrics.renewed(grant, time.monotonic() - started)
             if grant.lost_reason is not None:  # the watchdog told of its loss meanwhile
                 return None
         # A graceful release's wait may end before the next renewal: be there when it does.
         return min(started + grant.ttl / 3, grant.believe_until())
+
+
+def _log_failed_renewal(grant: Grant, exc: BackendUnavailable) -> None:
+    """Count a failed renewal of ``grant``; only the first of a streak is a warning, the
+    retries (every ``RETRY_AFTER_FAILURE`` seconds, until one succeeds or the lease
+    runs out) are debug lines: an outage would otherwise log five lines a second for
+    each grant held."""
+    grant.renewal_failures += 1
+    if grant.renewal_failures == 1:
+        renew_log.warning(
+            "renewal of %s failed; retrying every %s s until it succeeds or the lease runs "
+            "out (%.1f s from now): %s",
+            grant.name,
+            RETRY_AFTER_FAILURE,
+            max(0.0, grant.believe_until() - time.monotonic()),
+            exc,
+        )
+    else:
+        renew_log.debug(
+            "renewal of %s failed again (%s in a row): %s", grant.name, grant.renewal_failures, exc
+        )
 
 
 heartbeat = Heartbeat()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import random
 import shutil
 import signal
@@ -660,3 +661,27 @@ def test_the_admin_says_when_the_store_is_down_instead_of_failing(
     assert backends["proxied"].cooldowns("r:down-admin"), "the cool-down is unchanged"
     assert not LogEntry.objects.filter(object_id="r:down-admin").exists()
     held.release()
+
+
+def test_an_outage_logs_a_renewals_first_failure_and_its_recovery_not_each_retry(
+    proxied: TcpProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renewals are retried every 0.2 s through an outage: one warning, not five a
+    second for each grant held, and a line once a renewal succeeds again."""
+    caplog.set_level(logging.DEBUG, logger="djlocks.renew")
+    with Lock("r:outage", backend="proxied", ttl=6) as grant:
+        proxied.cut_off(silent=False)
+        time.sleep(3.0)  # the renewal due at 2 s fails, and its retries
+        proxied.heal()
+        deadline = time.monotonic() + 2
+        while not any("succeeded after" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "no renewal succeeded after the outage"
+            time.sleep(0.05)
+        grant.check()
+    failed = [r for r in caplog.records if "renewal of r:outage " in r.getMessage()]
+    warned = [r for r in failed if r.levelno == logging.WARNING]
+    retried = [r for r in failed if r.levelno == logging.DEBUG and "failed again" in r.getMessage()]
+    assert len(warned) == 1 and "retrying every 0.2 s" in warned[0].getMessage(), warned
+    assert len(retried) >= 2, [r.getMessage() for r in failed]
+    (recovered,) = [r for r in failed if r.levelno == logging.INFO]
+    assert f"after {len(retried) + 1} failed attempt(s)" in recovered.getMessage()
