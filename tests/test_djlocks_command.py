@@ -161,15 +161,14 @@ def test_django_s_common_options_may_follow_the_subcommand() -> None:
 @pytest.mark.skipif(
     connection.vendor == "sqlite", reason="not applicable: an SQLite database is a file here"
 )
-def test_a_database_that_is_down_is_exit_status_69_with_a_message() -> None:
-    """Nothing listens on the database's port: each subcommand says so in a message.
-    (Django's own system checks, which run first, reach the database under Django 6 on
-    MySQL: ``--skip-checks`` leaves the command to djlocks.)"""
+@pytest.mark.parametrize("checks", [["--skip-checks"], []])
+def test_a_database_that_is_down_is_exit_status_69_with_a_message(checks: list[str]) -> None:
+    """Nothing listens on the database's port: each subcommand says so in a message,
+    with and without Django's own system checks first (under Django 6 on MySQL they
+    reach the database)."""
     environment = {**os.environ, "DJLOCKS_DB_PORT": str(free_port())}
     for arguments in (["list"], ["show", "down:x"], ["release", "down:x", "--yes"]):
-        process = manage(
-            "djlocks", *arguments, "--skip-checks", env=environment, stderr=subprocess.PIPE
-        )
+        process = manage("djlocks", *arguments, *checks, env=environment, stderr=subprocess.PIPE)
         _, said = process.communicate(timeout=60)
         assert process.returncode == 69, (arguments, said)
         assert "Traceback" not in said, said

@@ -188,6 +188,20 @@ class Command(BaseCommand):
         for subcommand in subcommands.choices.values():
             _accept_django_options(subcommand)
 
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        """Django's ``execute``: the system checks, then ``handle``. Django's own checks may
+        read the database first (MySQL's server version, under Django 6): a database
+        that is down then ends the command as ``handle`` ends it, with exit status 69
+        and one line, not a traceback."""
+        try:
+            return super().execute(*args, **options)
+        except DatabaseError as exc:
+            raise CommandError(
+                f"djlocks: the database could not be used while Django ran its system "
+                f"checks: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
+
     def handle(self, *args: Any, subcommand: str, **options: Any) -> None:
         try:
             if options.get("backend"):
