@@ -174,10 +174,13 @@ def _end_idle_listeners() -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_a_listening_session_ended_during_a_wait_is_replaced_and_named() -> None:
+def test_a_listening_session_ended_during_a_wait_is_replaced_and_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """The server ends a waiter's listening session while it waits: the waiter opens a
     new one, names it in its queue row, and hears the release on it (its polls are
-    30 s apart)."""
+    30 s apart). It says so in one line, without a traceback (but at DEBUG)."""
+    caplog.set_level(logging.WARNING, logger="djlocks.acquire")
     name = "l:notify:during"
     holder = Lock(name, ttl=30)
     holder.acquire()
@@ -200,6 +203,8 @@ def test_a_listening_session_ended_during_a_wait_is_replaced_and_named() -> None
         release_and_see_it_heard(holder, thread, granted_at)
     finally:
         thread.join(NEVER)
+    said = [r for r in caplog.records if "listening for releases failed: " in r.getMessage()]
+    assert said and not any(record.exc_info for record in said), said
 
 
 def test_notifications_returns_what_arrived_or_waits_for_the_first(

@@ -346,8 +346,12 @@ class LeaseQueue(LeaseClaims):
                     if mine:  # not a past wait's
                         handed = [h for h in mine if h is not None and h.token == heir_token]
                         return abort is not None and abort.is_set(), next(iter(handed), None), False
-            except Exception:
-                acquire_log.warning("listening for releases failed", exc_info=True)
+            except Exception as exc:  # the server ended the session, most often: one line
+                acquire_log.warning(
+                    "listening for releases failed: %s",
+                    exc,
+                    exc_info=acquire_log.isEnabledFor(logging.DEBUG),
+                )
                 self._listeners.discard()
             return abort is not None and abort.is_set(), None, False
         if abort is not None:
@@ -377,8 +381,12 @@ class LeaseQueue(LeaseClaims):
                 self._waking_session_ran()
                 if woken:
                     return abort is not None and abort.is_set(), True
-            except DatabaseError:
-                acquire_log.warning("sleeping in the server failed", exc_info=True)
+            except DatabaseError as exc:  # the server is down, most often: one line
+                acquire_log.warning(
+                    "sleeping in the server failed: %s",
+                    exc,
+                    exc_info=acquire_log.isEnabledFor(logging.DEBUG),
+                )
                 self._listeners.discard()
                 if abort is not None:
                     return abort.wait(left), False
