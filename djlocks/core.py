@@ -252,19 +252,31 @@ class Lock:
             )
         return wait
 
-    def _traced(self, wait: float | None, abort: Abort | None, identity: Identity) -> Grant | None:
-        """``_acquire_grant`` in its tracing span."""
-        with tracing.acquiring(self.backend_alias, self.name, self.limit) as traced:
-            grant = self._acquire_grant(wait, abort, identity)
+    def _traced(
+        self,
+        wait: float | None,
+        abort: Abort | None,
+        identity: Identity,
+        began: float | None = None,
+    ) -> Grant | None:
+        """``_acquire_grant`` in its tracing span, which starts at ``began``."""
+        with tracing.acquiring(self.backend_alias, self.name, self.limit, began) as traced:
+            grant = self._acquire_grant(wait, abort, identity, began)
             traced(grant)
         return grant
 
     def _acquire_grant(
-        self, wait: float | None, abort: Abort | None, identity: Identity
+        self,
+        wait: float | None,
+        abort: Abort | None,
+        identity: Identity,
+        began: float | None = None,
     ) -> Grant | None:
         """``acquire_grant`` for a wait of ``wait`` seconds (``None``: forever), asked by
-        ``identity``."""
-        started = time.monotonic()
+        ``identity`` at ``began`` (``time.monotonic()``; ``None``: now). An async
+        acquire began when its task asked, before it queued for a wait thread: that
+        queueing counts against its timeout, and as waiting in its metrics and history."""
+        started = time.monotonic() if began is None else began
         deadline = None if wait is None else started + wait
         ttl = self.ttl
         backend = self.backend
@@ -393,8 +405,7 @@ class Lock:
         def in_a_wait_thread() -> Grant | None:
             if not started.acquire(blocking=False):
                 return None  # cancelled while queued
-            left = None if wait is None else max(0.0, wait - (time.monotonic() - queued))
-            return self._traced(left, abort, identity)
+            return self._traced(wait, abort, identity, began=queued)
 
         attempt = asyncio.ensure_future(
             sync_to_async(in_a_wait_thread, thread_sensitive=False, executor=wait_threads())()

@@ -38,12 +38,15 @@ _RECORDING_NOTHING = () if trace is None else (trace.ProxyTracerProvider, trace.
 Outcome = Callable[["Grant | None"], None]
 
 
-def acquiring(backend: str, name: str, limit: int) -> AbstractContextManager[Outcome]:
-    """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``;
+def acquiring(
+    backend: str, name: str, limit: int, began: float | None = None
+) -> AbstractContextManager[Outcome]:
+    """The span of one acquire of ``name`` (``limit`` slots) on the alias ``backend``,
+    which began at ``began`` (``time.monotonic()``; ``None``: now, as the span opens);
     none until a tracer provider is configured (``_configured``)."""
     if trace is None or not _configured():
         return _NOT_TRACED
-    return _span(backend, name, limit)
+    return _span(backend, name, limit, began)
 
 
 #: Seconds for which "no tracer provider is configured" is believed: asking the API
@@ -68,13 +71,17 @@ def _configured() -> bool:
 
 
 @contextlib.contextmanager
-def _span(backend: str, name: str, limit: int) -> Iterator[Outcome]:
+def _span(backend: str, name: str, limit: int, began: float | None) -> Iterator[Outcome]:
     attributes: dict[str, str | int] = {
         "djlocks.name": name,
         "djlocks.backend": backend,
         "djlocks.limit": limit,
     }
-    with _tracer().start_as_current_span("djlocks acquire", attributes=attributes) as span:
+    # OpenTelemetry takes a start in nanoseconds of the wall clock.
+    start = None if began is None else time.time_ns() - round((time.monotonic() - began) * 1e9)
+    with _tracer().start_as_current_span(
+        "djlocks acquire", attributes=attributes, start_time=start
+    ) as span:
 
         def outcome(grant: Grant | None) -> None:
             span.set_attribute("djlocks.granted", grant is not None)

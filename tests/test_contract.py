@@ -380,6 +380,33 @@ def test_a_task_cancelled_while_queued_for_a_wait_thread_leaves_at_once(
 
 
 @shared
+def test_an_async_acquire_counts_its_time_queued_for_a_wait_thread_as_waiting(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With one wait thread, taken for 0.6 s by a task waiting for a held name, a task
+    queued behind it for a free name waited that long too, by its grant (which the
+    history and the metrics read)."""
+    if can(backend).in_caller_transaction:
+        pytest.skip("not applicable: async acquires are refused (an earlier test)")
+    one_thread = ThreadPoolExecutor(1)
+    monkeypatch.setattr(async_waits, "_threads", (os.getpid(), one_thread, one_thread))
+    held, free = "contract:queued-held", "contract:queued-free"
+
+    async def queue_behind_a_wait() -> tuple[bool, float]:
+        first = asyncio.ensure_future(Lock(held, backend=backend, ttl=30).aacquire(timeout=0.6))
+        await asyncio.sleep(0.1)  # the first takes the only wait thread
+        async with Lock(free, backend=backend, ttl=30) as grant:
+            waited = grant.waited
+        return await first, waited
+
+    with Lock(held, backend=backend, ttl=30):
+        first, waited = asyncio.run(queue_behind_a_wait())
+    one_thread.shutdown()
+    assert first is False
+    assert waited >= 0.4, f"it waited {waited:.3f} s by its grant"
+
+
+@shared
 def test_tasks_that_hold_a_grant_never_queue_behind_the_waits_for_it(
     backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,6 +3,10 @@ in-memory exporter as a project's configured tracer provider would export them."
 
 from __future__ import annotations
 
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from opentelemetry import trace
@@ -11,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from djlocks import Lock
+from djlocks import Lock, async_waits, tracing
 
 pytestmark = pytest.mark.usefixtures("store")
 
@@ -65,6 +69,34 @@ def test_before_a_provider_is_configured_an_acquire_opens_no_span(
     """The API's default provider records nothing: an acquire then costs no span (and
     makes no no-op span current, which would hide the caller's trace context)."""
     monkeypatch.setattr(trace, "get_tracer_provider", trace.ProxyTracerProvider)
+    # The answer "none" is believed for a second: after this test, the project's
+    # provider again (monkeypatch restores the moment it is believed until).
+    monkeypatch.setattr(tracing, "_unconfigured_until", 0.0)
     with Lock("traced:quiet", timeout=5):
         pass
     assert spans.get_finished_spans() == ()
+
+
+def test_an_async_acquire_s_span_begins_when_its_task_asked(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its time queued for a wait thread (one here, taken for 0.6 s by another task's
+    wait) is inside its span."""
+    one_thread = ThreadPoolExecutor(1)
+    monkeypatch.setattr(async_waits, "_threads", (os.getpid(), one_thread, one_thread))
+
+    async def queue_behind_a_wait() -> None:
+        first = asyncio.ensure_future(Lock("traced:held").aacquire(timeout=0.6))
+        await asyncio.sleep(0.1)  # the first takes the only wait thread
+        async with Lock("traced:free"):
+            pass
+        await first
+
+    with Lock("traced:held"):
+        asyncio.run(queue_behind_a_wait())
+    one_thread.shutdown()
+    (free,) = [
+        s for s in spans.get_finished_spans() if s.attributes["djlocks.name"] == "traced:free"
+    ]
+    assert free.start_time is not None and free.end_time is not None
+    assert (free.end_time - free.start_time) / 1e9 >= 0.4, "the span began in the wait thread"
