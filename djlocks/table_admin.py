@@ -137,17 +137,8 @@ class LeaseSlotAdmin(TokenHidingAdmin):
         "cooldown",
         "release_by_moment",
     )
-    list_display = (
-        "name",
-        "slot",
-        "limit",
-        "fence",
-        "host",
-        "pid",
-        "label",
-        "acquired",
-        "expires",
-        "cooldown",
+    list_display = tuple(
+        field for field in fields if field not in ("key", "thread", "release_by_moment")
     )
     search_fields = ("name", "host", "label")
     ordering = ("name", "slot")
