@@ -423,6 +423,56 @@ def test_a_redis_restart_is_reported_and_fences_never_go_backwards(
         restored.release()
 
 
+def _script_connections(port: int) -> list[dict[str, str]]:
+    """The clients of the server at ``port`` whose last command ran a lock's script."""
+    return [
+        client
+        for client in redis.Redis(port=port).client_list()
+        if client["cmd"] in ("evalsha", "script|load")
+    ]
+
+
+def test_each_thread_runs_its_scripts_on_one_connection_that_ends_with_it(
+    private_redis: PrivateRedis,
+) -> None:
+    def take_and_give_back(times: int) -> None:
+        for _ in range(times):
+            with db_lock("r:threads", backend="private", timeout=5, renew=False):
+                pass
+
+    take_and_give_back(20)
+    assert len(_script_connections(private_redis.port)) == 1
+    threads = [threading.Thread(target=take_and_give_back, args=(20,)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Each thread's connection is closed as the thread ends (its last reference goes).
+    deadline = time.monotonic() + 5
+    while len(_script_connections(private_redis.port)) > 1:
+        assert time.monotonic() < deadline, _script_connections(private_redis.port)
+        time.sleep(0.05)
+
+
+def test_a_connection_the_server_closed_while_idle_connects_again(
+    private_redis: PrivateRedis,
+) -> None:
+    with db_lock("r:idle", backend="private", timeout=5, renew=False) as first:
+        pass
+    [idle] = _script_connections(private_redis.port)
+    redis.Redis(port=private_redis.port).client_kill_filter(_id=idle["id"])
+    with db_lock("r:idle", backend="private", timeout=5, renew=False) as second:
+        assert second.fence > first.fence
+
+
+def test_scripts_the_server_forgot_are_loaded_again(private_redis: PrivateRedis) -> None:
+    with db_lock("r:flush", backend="private", timeout=5, renew=False) as first:
+        pass
+    redis.Redis(port=private_redis.port).script_flush()
+    with db_lock("r:flush", backend="private", timeout=5, renew=False) as second:
+        assert second.fence > first.fence
+
+
 @pytest.mark.catalogue("redis-clock-and-restart", backend="redis")
 def test_the_effects_of_a_redis_clock_jump_are_reported_and_fences_still_rise() -> None:
     """A jump of Redis's clock ahead expires leases early; a jump back makes ``TIME``

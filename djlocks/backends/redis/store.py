@@ -22,6 +22,7 @@ from djlocks.backends.push import RedisListener
 from djlocks.backends.redis.nodes import cluster_replicas, servers
 from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_source
 from djlocks.backends.redis.replicas import Acknowledgement, replicas_short, run_and_wait
+from djlocks.backends.redis.thread_connections import ThreadConnections, one_address_pool
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -67,6 +68,8 @@ class RedisStore(LockBackend):
         self._client: Redis | RedisCluster | None = None
         self._client_guard = fork_safe_lock()
         self._scripts: dict[str, Script] = {}
+        #: Set with the client: ``None`` where ``thread_connections`` does not serve it.
+        self._thread_connections: ThreadConnections | None = None
         self._wakeups = WakeListener(self.redis, self.prefix)
         #: Where forced releases and graceful releases' requests tell holders (``watch``).
         self.revocations = f"{self.prefix}:revoked"
@@ -153,6 +156,8 @@ class RedisStore(LockBackend):
                 self._scripts = {
                     name: client.register_script(script_source(name)) for name in SCRIPTS
                 }
+                pool = one_address_pool(client)
+                self._thread_connections = None if pool is None else ThreadConnections(pool)
                 self._client = client
             return self._client
 
@@ -199,9 +204,14 @@ class RedisStore(LockBackend):
         return self._call(script, redis_meta_key(self.prefix, name), *args)
 
     def _call(self, script: str, meta_key: str, *args: str | int) -> Any:
+        """Run ``script`` on ``meta_key``: over this thread's connection to the server
+        where ``thread_connections`` serves the client, else through the client."""
         try:
             self.redis()
-            return self._scripts[script](keys=[meta_key], args=list(args))
+            own = self._thread_connections
+            if own is None:
+                return self._scripts[script](keys=[meta_key], args=list(args))
+            return own.run_script(self._scripts[script], meta_key, args)
         except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
