@@ -3,7 +3,8 @@ Redis backend beside its peers.
 
 Contenders: djlocks ``redis`` (history on and off), redis-py's ``Lock`` (what
 django-redis's ``cache.lock`` returns) and python-redis-lock, all on the same
-Redis (``REDIS_URL``), in one run.
+Redis (``REDIS_URL``), in one run; and a floor, the least a lock that serves
+its waiters in order costs (``fifo_floor``).
 
 * Floor: median ``PING`` through redis-py, sampled between the batches.
 * Uncontended: acquire+release pairs on one name, rounds interleaved.
@@ -52,12 +53,30 @@ from djlocks import Lock, Semaphore  # noqa: E402
 
 NAME = "bench:redis"
 COUNTER = "bench:redis:counter"
+#: The least a lock that serves its waiters in order costs on Redis: no lease, fence or
+#: identity, only a queue that a release hands the lock to the head of (``fifo_floor``).
+FIFO_FLOOR = "floor: FIFO hand-off (Lua queue, BLPOP)"
 CONTENDERS = (
     "djlocks redis (history on)",
     "djlocks redis (history off)",
     "redis-py Lock",
     "python-redis-lock",
+    FIFO_FLOOR,
 )
+#: ``fifo_floor``'s acquire: take the free lock (1), else join the queue (0).
+TAKE_OR_QUEUE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 1 end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 0
+"""
+#: ``fifo_floor``'s release: the lock to the head of the queue, woken on its own list.
+HAND_OVER = """
+local heir = redis.call('LPOP', KEYS[2])
+if not heir then redis.call('DEL', KEYS[1]) return 0 end
+redis.call('SET', KEYS[1], heir)
+redis.call('RPUSH', KEYS[3] .. heir, 1)
+return 1
+"""
 
 
 def client() -> redis.Redis:
@@ -69,11 +88,43 @@ def handle(contender: str, name: str = NAME) -> Handle:
     if contender.startswith("djlocks"):
         lock = Lock(name, backend="redis", ttl=30)
         return lock.acquire, lock.release
+    if contender == FIFO_FLOOR:
+        return fifo_floor(name)
     if contender == "redis-py Lock":
         peer = client().lock(name, timeout=30)
         return peer.acquire, peer.release
     other = redis_lock.Lock(client(), name, expire=30)
     return other.acquire, other.release
+
+
+def fifo_floor(name: str) -> Handle:
+    """A fair lock reduced to its hand-off, one round trip each way: the acquire takes
+    the free lock or queues, then waits in ``BLPOP`` on a list of its own; the release
+    gives the lock to the head of the queue and pushes to that list. What every lock
+    that never lets a newcomer overtake a waiter pays under contention: each grant
+    goes to another process (a barging lock keeps some in the releasing one)."""
+    own = client()
+    keys = fifo_keys(name)
+    me = f"{os.getpid()}"
+    take, give = own.register_script(TAKE_OR_QUEUE), own.register_script(HAND_OVER)
+
+    def acquire() -> None:
+        if not take(keys=keys[:2], args=[me]):
+            own.blpop([keys[2] + me], 0)
+
+    return acquire, lambda: give(keys=keys)
+
+
+def fifo_keys(name: str) -> tuple[str, str, str]:
+    """``fifo_floor``'s lock, queue, and wake-up lists' prefix (each run starts without)."""
+    return f"{name}:fifo", f"{name}:fifo:queue", f"{name}:fifo:wake:"
+
+
+def fresh_start() -> None:
+    """Zero the counter, and drop the lock and queue an interrupted ``fifo_floor`` left."""
+    own = client()
+    own.delete(*fifo_keys(NAME)[:2])
+    own.set(COUNTER, 0)
 
 
 def history(contender: str) -> Any:
@@ -91,6 +142,7 @@ def ping_seconds(connection: redis.Redis, samples: int) -> list[float]:
 
 def uncontended(pairs: int, rounds: int) -> tuple[float, list[dict[str, Any]]]:
     """The floor (median ``PING``, sampled between every batch) and each contender's pairs."""
+    fresh_start()
     pinger = client()
     pings = ping_seconds(pinger, 100)
     times = time_pairs(
@@ -130,7 +182,7 @@ def contended(
 ) -> Any:
     return crew.run(
         Workload(contender, iterations, limit, hold),
-        reset=lambda: client().set(COUNTER, 0),
+        reset=fresh_start,
         final_count=lambda: int(client().get(COUNTER) or 0),
     )
 

@@ -40,6 +40,7 @@ from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
 from djlocks.backends.redis import RedisBackend
+from djlocks.backends.redis.script_connections import KEPT
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
@@ -432,26 +433,31 @@ def _script_connections(port: int) -> list[dict[str, str]]:
     ]
 
 
-def test_each_thread_runs_its_scripts_on_one_connection_that_ends_with_it(
+def test_the_scripts_keep_a_few_of_the_pools_connections_and_give_them_back(
     private_redis: PrivateRedis,
 ) -> None:
-    def take_and_give_back(times: int) -> None:
-        for _ in range(times):
-            with db_lock("r:threads", backend="private", timeout=5, renew=False):
+    def take_and_give_back(name: str) -> None:
+        for _ in range(20):
+            with db_lock(name, backend="private", timeout=5, renew=False):
                 pass
 
-    take_and_give_back(20)
-    assert len(_script_connections(private_redis.port)) == 1
-    threads = [threading.Thread(target=take_and_give_back, args=(20,)) for _ in range(2)]
+    threads = [
+        threading.Thread(target=take_and_give_back, args=(f"r:kept:{number}",))
+        for number in range(8)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    # Each thread's connection is closed as the thread ends (its last reference goes).
-    deadline = time.monotonic() + 5
-    while len(_script_connections(private_redis.port)) > 1:
-        assert time.monotonic() < deadline, _script_connections(private_redis.port)
-        time.sleep(0.05)
+    store = cast(RedisBackend, backends["private"])
+    scripts = store._script_connections
+    assert scripts is not None
+    kept = list(scripts._kept)
+    assert 1 <= len(kept) <= KEPT
+    pool = store.redis().connection_pool
+    assert set(kept) <= pool._in_use_connections  # the pool counts them as in use
+    store.close()
+    assert set(kept) <= set(pool._available_connections)
 
 
 def test_a_connection_the_server_closed_while_idle_connects_again(

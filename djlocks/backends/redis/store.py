@@ -22,7 +22,7 @@ from djlocks.backends.push import RedisListener
 from djlocks.backends.redis.nodes import cluster_replicas, servers
 from djlocks.backends.redis.protocol import PREFIX_CHARACTERS, SCRIPTS, script_source
 from djlocks.backends.redis.replicas import Acknowledgement, replicas_short, run_and_wait
-from djlocks.backends.redis.thread_connections import ThreadConnections, one_address_pool
+from djlocks.backends.redis.script_connections import ScriptConnections, one_address_pool
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import BackendUnavailable
@@ -68,8 +68,8 @@ class RedisStore(LockBackend):
         self._client: Redis | RedisCluster | None = None
         self._client_guard = fork_safe_lock()
         self._scripts: dict[str, Script] = {}
-        #: Set with the client: ``None`` where ``thread_connections`` does not serve it.
-        self._thread_connections: ThreadConnections | None = None
+        #: Set with the client: ``None`` where ``script_connections`` does not serve it.
+        self._script_connections: ScriptConnections | None = None
         self._wakeups = WakeListener(self.redis, self.prefix)
         #: Where forced releases and graceful releases' requests tell holders (``watch``).
         self.revocations = f"{self.prefix}:revoked"
@@ -157,7 +157,7 @@ class RedisStore(LockBackend):
                     name: client.register_script(script_source(name)) for name in SCRIPTS
                 }
                 pool = one_address_pool(client)
-                self._thread_connections = None if pool is None else ThreadConnections(pool)
+                self._script_connections = None if pool is None else ScriptConnections(pool)
                 self._client = client
             return self._client
 
@@ -177,9 +177,12 @@ class RedisStore(LockBackend):
 
     def close_client(self) -> None:
         """Close a cluster's client, which djlocks made (a cache's client is django-redis's,
-        shared with the cache, and stays open)."""
+        shared with the cache, and stays open: its kept connections go back to its pool)."""
         with self._client_guard:
             client, self._client = self._client, None
+            kept, self._script_connections = self._script_connections, None
+        if kept is not None:
+            kept.give_back()
         if isinstance(client, RedisCluster):
             client.close()
 
@@ -204,14 +207,14 @@ class RedisStore(LockBackend):
         return self._call(script, redis_meta_key(self.prefix, name), *args)
 
     def _call(self, script: str, meta_key: str, *args: str | int) -> Any:
-        """Run ``script`` on ``meta_key``: over this thread's connection to the server
-        where ``thread_connections`` serves the client, else through the client."""
+        """Run ``script`` on ``meta_key``: over a kept connection where
+        ``script_connections`` serves the client, else through the client."""
         try:
             self.redis()
-            own = self._thread_connections
-            if own is None:
+            kept = self._script_connections
+            if kept is None:
                 return self._scripts[script](keys=[meta_key], args=list(args))
-            return own.run_script(self._scripts[script], meta_key, args)
+            return kept.run_script(self._scripts[script], meta_key, args)
         except STORE_ERRORS as exc:
             raise self._unavailable(exc) from exc
 
