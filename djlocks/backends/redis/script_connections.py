@@ -8,30 +8,32 @@ acquire and release. The Redis backend takes a few connections out of the
 pool once and keeps them on a stack of its own: a script takes one from the
 top, sends ``EVALSHA``, reads the reply and puts it back. For the pool they
 stay in use, so they keep its settings (address, password, TLS, time-outs,
-retry policy) and its handling of a server's maintenance notices, and count
-against its ``max_connections``: at most ``KEPT`` stay with the backend between
-scripts, and a call that finds none kept borrows one more (given back to the
-pool if ``KEPT`` are kept again by then).
+retry policy) and count against its ``max_connections``: at most ``KEPT`` stay
+with each backend between scripts, and no more than a quarter of
+``max_connections``; a call that finds none kept borrows one more, given back
+to the pool if enough are kept by then.
 
-As the pool does at each checkout, a kept connection is looked at before use: one
-that the server closed while it sat idle (a restart, the server's ``timeout``)
-connects again instead of failing. A failure is retried as the cache's own
-commands retry one, by the connection's ``retry`` policy (redis-py's default
-for a pool made from a URL: not at all). A call that ends in anything but a
-complete reply disconnects its connection, so a late reply is never read as the
-next call's.
+Before each script a kept connection is looked at as the pool looks at one it
+hands out: one that the server closed while it sat idle (a restart, the
+server's ``timeout``) or that redis-py marked for reconnecting (a maintenance
+notice) connects again instead of failing; with redis-py's client-side cache or
+maintenance notices on, data waiting on it is left for the next read, which
+handles it (push messages). A failure is retried as the cache's own commands
+retry one, by the connection's ``retry`` policy (redis-py's default for a pool
+made from a URL: not at all). A call that ends in anything but a complete reply
+disconnects its connection, so a late reply is never read as the next call's.
 
 Only a plain ``Redis`` client of a pool whose connections all go to one address
 (redis-py's ``ConnectionPool`` and ``BlockingConnectionPool``, which django-redis
-makes from a ``redis://`` or ``rediss://`` URL) is served this way
-(``one_address_pool``): a Sentinel pool moves its connections to a new master,
-and a client's subclass may do more per command.
+makes from a ``redis://`` or ``rediss://`` URL) with a fixed password (no
+``credential_provider``, whose tokens redis-py renews on a connection as it goes
+back to the pool) is served this way (``one_address_pool``): a Sentinel pool moves
+its connections to a new master, and a client's subclass may do more per command.
 """
 
 from __future__ import annotations
 
 import os
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +42,8 @@ from redis.commands.core import Script
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from djlocks.forksafe import fork_safe_lock
 
 #: A connection of redis-py's pool (``redis.connection.PoolConnection``, whose
 #: methods redis-py leaves untyped).
@@ -52,10 +56,12 @@ ONE_ADDRESS_POOLS = (ConnectionPool, BlockingConnectionPool)
 
 def one_address_pool(client: object) -> ConnectionPool | None:
     """``client``'s pool if ``client`` is a plain ``Redis`` client whose pool is one of
-    ``ONE_ADDRESS_POOLS`` (exactly: a subclass may route), else ``None``: its scripts
-    then go through the client."""
-    pool = getattr(client, "connection_pool", None)
-    if type(client) is Redis and type(pool) in ONE_ADDRESS_POOLS:
+    ``ONE_ADDRESS_POOLS`` (exactly: a subclass may route) and authenticates with a
+    fixed password, else ``None``: its scripts then go through the client."""
+    if type(client) is not Redis:
+        return None
+    pool: ConnectionPool = client.connection_pool
+    if type(pool) in ONE_ADDRESS_POOLS and not pool.connection_kwargs.get("credential_provider"):
         return pool
     return None
 
@@ -66,7 +72,13 @@ class ScriptConnections:
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
-        self._kept: deque[PoolConnection] = deque()  # its append and pop are atomic
+        #: How many stay kept between scripts: never the pool's every connection.
+        self._most = min(KEPT, pool.max_connections // 4)
+        #: Whether data waiting on an idle connection means it is unusable: not where
+        #: redis-py's cache or maintenance notices may push to it (the pool's own test).
+        self._data_is_dirty = pool.cache is None and not _maintenance_notices(pool)
+        self._guard = fork_safe_lock()
+        self._kept: list[PoolConnection] = []
         self._pid = os.getpid()
         self._closed = False
 
@@ -93,37 +105,60 @@ class ScriptConnections:
 
     def give_back(self) -> None:
         """Give every kept connection back to the pool, now and as calls end (the backend
-        is closing)."""
-        self._closed = True
-        while self._kept:
-            self._pool.release(self._kept.pop())
+        is closing). In a forked child, drop the parent's instead."""
+        with self._guard:
+            self._closed = True
+            kept, self._kept = self._kept, []
+            ours = self._pid == os.getpid()
+        if ours:
+            for connection in kept:
+                self._pool.release(connection)
 
     def _take(self) -> PoolConnection:
         """A kept connection, checked; else one more of the pool's (connected)."""
-        if self._pid != os.getpid():
-            # A forked child: the parent's connections are the parent's (its pool starts
-            # afresh in the child, and redis-py never shuts a socket down in a child).
-            self._kept, self._pid = deque(), os.getpid()
-        try:
-            connection = self._kept.pop()
-        except IndexError:
+        with self._guard:
+            if self._pid != os.getpid():
+                # A forked child: the parent's connections are the parent's (its pool
+                # starts afresh in the child; redis-py shuts no socket down in a child).
+                self._kept, self._pid = [], os.getpid()
+            connection = self._kept.pop() if self._kept else None
+        if connection is None:
             return self._pool.get_connection()
-        if connection.is_connected and _closed_or_unread(connection):
+        if connection.is_connected and (
+            _marked_for_reconnecting(connection)
+            or _closed_or_unread(connection, self._data_is_dirty)
+        ):
             connection.disconnect()  # the script connects again
         return connection
 
     def _put_back(self, connection: PoolConnection) -> None:
-        if len(self._kept) < KEPT and not self._closed:
-            self._kept.append(connection)
-        else:
+        with self._guard:
+            keep = not self._closed and len(self._kept) < self._most
+            if keep:
+                self._kept.append(connection)
+        if not keep:
             self._pool.release(connection)
 
 
-def _closed_or_unread(connection: PoolConnection) -> bool:
-    """Whether the server closed ``connection`` or left something on it: nothing is
-    due between two calls (redis-py's pool asks the same at each checkout)."""
+def _maintenance_notices(pool: ConnectionPool) -> bool:
+    """Whether redis-py may push maintenance notices to ``pool``'s connections (its
+    ``maint_notifications_enabled``, redis-py 7 and later)."""
+    enabled = getattr(pool, "maint_notifications_enabled", None)
+    return bool(enabled()) if enabled is not None else False
+
+
+def _marked_for_reconnecting(connection: PoolConnection) -> bool:
+    """Whether redis-py asked ``connection`` to connect again (``should_reconnect``, set
+    by a maintenance notice, redis-py 7 and later)."""
+    marked = getattr(connection, "should_reconnect", None)
+    return bool(marked()) if marked is not None else False
+
+
+def _closed_or_unread(connection: PoolConnection, data_is_dirty: bool) -> bool:
+    """Whether the server closed ``connection``, or (``data_is_dirty``) left something
+    on it: no reply is due between two calls."""
     try:
-        return bool(connection.can_read())
+        return bool(connection.can_read()) and data_is_dirty
     except (RedisConnectionError, RedisTimeoutError, OSError):  # the parser saw the close
         return True
 
