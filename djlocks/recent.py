@@ -7,6 +7,11 @@ from collections.abc import Hashable
 
 from djlocks.forksafe import fork_safe_lock
 
+#: Seconds after a try found a lock taken during which this process's acquires of it
+#: skip the try and wait at once (the session and Redis backends): a lock that stays
+#: contended costs one failed try per second and process, not one per acquire.
+CONTENDED_FOR = 1.0
+
 
 class Recent:
     """Members (any hashable) added in the last ``seconds`` seconds, by the monotonic

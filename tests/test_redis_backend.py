@@ -50,7 +50,7 @@ from djlocks.keys import redis_key, redis_meta_key
 from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from project.demo.models import FencedCounter
-from tests.faults import TcpProxy, free_port
+from tests.faults import TcpProxy, free_port, until
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 REDIS = "redis"
@@ -269,6 +269,20 @@ def test_waiters_are_woken_at_once_when_the_path_works() -> None:
     assert got[0] - released < 5, "well before any poll"
 
 
+def test_the_first_waiter_of_a_process_hears_its_wake_up() -> None:
+    """The listener's first start in a process forgets the waiters of another (a fork's
+    parent): it must not forget the waiter that starts it, which then slept until its
+    next poll (found by a process whose first acquire waited)."""
+    listener = WakeListener(backend().redis, backend().prefix)
+    try:
+        with listener.waiting("the-first") as wake:
+            backend().redis().publish(listener.ensure_channel(), "the-first\nwoken")
+            assert wake.event.wait(5), "the first waiter was not woken"
+            assert wake.message == "woken"
+    finally:
+        listener.close()
+
+
 def test_a_wake_listener_whose_client_cannot_be_had_ends_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -460,6 +474,32 @@ def test_the_scripts_keep_a_few_of_the_pools_connections_and_give_them_back(
     assert len(pool._in_use_connections - kept) <= 2, pool._in_use_connections
     store.close()
     assert kept <= set(pool._available_connections)
+
+
+def test_a_free_lock_is_tried_without_listening_for_a_wake_up(
+    private_redis: PrivateRedis,
+) -> None:
+    server = redis.Redis(port=private_redis.port)
+    for _ in range(3):
+        with db_lock("r:free", backend="private", timeout=5, renew=False):
+            pass
+    assert server.pubsub_channels() == [], "an uncontended acquire subscribed for wake-ups"
+    holder = Lock("r:free", backend="private", renew=False).acquire_grant()
+    assert holder is not None
+    got: list[bool] = []
+
+    def wait_for_it() -> None:
+        lock = Lock("r:free", backend="private", renew=False)
+        got.append(lock.acquire(timeout=5))
+        lock.release()
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    until(lambda: backends["private"].waiters("r:free"), "the waiter to queue")
+    assert server.pubsub_channels(), "a waiter listens for its wake-up"
+    holder.release()
+    waiter.join(10)
+    assert got == [True]
 
 
 def test_a_connection_the_server_closed_while_idle_connects_again(

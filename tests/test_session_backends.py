@@ -28,7 +28,7 @@ from django.db import connection, connections, transaction
 from django.test import Client
 from django.urls import reverse
 
-from djlocks import Grant, Lock, LockLost, Semaphore
+from djlocks import Grant, Lock, LockLost, Semaphore, recent
 from djlocks.backends import backends
 from djlocks.backends.server_records import holder_records
 from djlocks.backends.session import Key, SessionBackend, claims
@@ -108,7 +108,7 @@ def test_a_free_lock_costs_one_try_and_a_contended_one_is_waited_for_at_once(
 ) -> None:
     """An acquire first tries the key with the cheaper statement, which names no waiter
     and sets no time-out; once a try of this process found the key taken, its next
-    acquires wait in the server at once for ``claims.CONTENDED_FOR`` seconds, with no
+    acquires wait in the server at once for ``recent.CONTENDED_FOR`` seconds, with no
     failed try each."""
     backend = backends[SESSION]
     took: list[bool] = []  # per statement that took the key: whether it could wait
@@ -135,7 +135,7 @@ def test_a_free_lock_costs_one_try_and_a_contended_one_is_waited_for_at_once(
         took.clear()
         assert not lock(name).acquire(timeout=0.2)
         assert took == [True], "found taken lately: waited for at once"
-    time.sleep(claims.CONTENDED_FOR)
+    time.sleep(recent.CONTENDED_FOR)
     took.clear()
     with lock(name):
         assert took == [False], "not contended any more: tried first again"

@@ -7,8 +7,9 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 from djlocks.backends.base import AcquireRequest, Capabilities, GrantRecord
 from djlocks.backends.redis.inspection import RedisInspection
@@ -31,6 +32,7 @@ from djlocks.conf import djlocks_settings
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost, ReleaseRequested
 from djlocks.keys import redis_meta_key
 from djlocks.moments import project_moment
+from djlocks.recent import CONTENDED_FOR, Recent
 
 acquire_log = logging.getLogger("djlocks.acquire")
 renew_log = logging.getLogger("djlocks.renew")
@@ -46,6 +48,8 @@ class RedisBackend(RedisInspection):
     ``wait_timeout`` (replicas that must acknowledge each grant and renewal, Redis
     ``WAIT``: see ``replicas``). Crash release: at the TTL.
     Waiters queue FIFO in Redis and are woken through pub/sub, with a bounded poll.
+    An acquire first tries, without queueing or listening for a wake-up, unless a try
+    of this process found the name taken in the last ``CONTENDED_FOR`` seconds.
     """
 
     forced_release_effect = (
@@ -65,14 +69,23 @@ class RedisBackend(RedisInspection):
         shared_between_processes=True,
     )
 
+    def __init__(self, alias: str, options: Mapping[str, Any]) -> None:
+        super().__init__(alias, options)
+        #: Names a try found taken lately: their acquires queue at once (``acquire``).
+        self._contended = Recent(CONTENDED_FOR)
+
     def acquire(
         self, request: AcquireRequest, deadline: float | None, abort: Abort | None
     ) -> GrantRecord | None:
         secret = secrets.token_hex(16)  # the grant's secret, and the waiter's id in the queue
         once = deadline is not None and time.monotonic() >= deadline
         try:
-            if once:
-                return self._attempt(request, secret, "try").grant
+            if once or request.name not in self._contended:
+                # A try neither queues nor listens for a wake-up (nor overtakes a waiter).
+                grant = self._attempt(request, secret, "try").grant
+                if grant is not None or once:
+                    return grant
+                self._contended.add(request.name)
             grant = self._wait_in_queue(request, secret, deadline, abort)
         except BaseException:
             self._leave(request.name, secret)  # the outcome is unknown: clean up by token

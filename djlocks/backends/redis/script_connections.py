@@ -42,8 +42,12 @@ from redis.commands.core import Script
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.utils import HIREDIS_AVAILABLE
 
 from djlocks.forksafe import fork_safe_lock
+
+if HIREDIS_AVAILABLE:
+    from hiredis import pack_command
 
 #: A connection of redis-py's pool (``redis.connection.PoolConnection``, whose
 #: methods redis-py leaves untyped).
@@ -168,11 +172,21 @@ def _evalsha(
 ) -> Any:
     """``EVALSHA`` of ``script``; where the server no longer has it (a restart, ``SCRIPT
     FLUSH``), ``SCRIPT LOAD`` and run it again, as redis-py's ``Script`` does."""
-    connection.send_command("EVALSHA", script.sha, 1, key, *args)
+    _send(connection, ("EVALSHA", script.sha, 1, key, *args))
     try:
         return connection.read_response()
     except NoScriptError:
         connection.send_command("SCRIPT", "LOAD", script.script)
         connection.read_response()
-        connection.send_command("EVALSHA", script.sha, 1, key, *args)
+        _send(connection, ("EVALSHA", script.sha, 1, key, *args))
         return connection.read_response()
+
+
+def _send(connection: PoolConnection, command: tuple[str | int, ...]) -> None:
+    """Send ``command``, packed by hiredis where redis-py packs with it (what redis-py's
+    ``send_command`` does, less its Python pass over the arguments, which lets bytes-like
+    values other than ``bytes`` through: a script's arguments are ``str`` and ``int``)."""
+    if HIREDIS_AVAILABLE:
+        connection.send_packed_command([pack_command(command)])  # type: ignore[arg-type]
+    else:
+        connection.send_command(*command)

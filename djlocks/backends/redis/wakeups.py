@@ -93,8 +93,8 @@ class WakeListener:
         """The ``Wake`` of ``waiter_id`` while the block runs (the listener runs meanwhile)."""
         wake = Wake()
         with self._guard:
+            run = self._running()  # first, as it forgets the waiters of another process
             self._waiting[waiter_id] = wake
-            run = self._running()
         run.subscribed.wait(SUBSCRIBE_WAIT)
         try:
             yield wake

@@ -44,13 +44,10 @@ from djlocks.backends.sql import giving_back_first
 from djlocks.backends.waiting import seconds_left
 from djlocks.exceptions import LockDeadlock
 from djlocks.keys import GATE, table_key
-from djlocks.recent import Recent
+from djlocks.recent import CONTENDED_FOR, Recent
 
 #: Seconds the gate's holder waits on one slot before it tries every slot again.
 SLOT_WAIT = 0.02
-#: Seconds after a try found a lock's key taken during which this process's acquires of
-#: it go straight to the wait.
-CONTENDED_FOR = 1.0
 
 
 class SessionClaims(SessionStore):
