@@ -49,7 +49,7 @@ from djlocks.forksafe import fork_safe_lock
 if HIREDIS_AVAILABLE:
     from hiredis import pack_command
 
-#: A connection of redis-py's pool (``redis.connection.PoolConnection``, whose
+#: A connection of redis-py's pool (``redis.connection.AbstractConnection``, whose
 #: methods redis-py leaves untyped).
 PoolConnection = Any
 #: Connections that stay with the backend between scripts, at most.
@@ -93,19 +93,17 @@ class ScriptConnections:
         ``ResponseError`` when the script fails, ``AuthenticationError``."""
         connection = self._take()
         try:
-            reply = connection.retry.call_with_retry(
+            return connection.retry.call_with_retry(
                 lambda: _evalsha(connection, script, key, args),
                 lambda _error: connection.disconnect(),
             )
         except ResponseError:  # the whole reply was read: the connection is clean
-            self._put_back(connection)
             raise
         except BaseException:
             connection.disconnect()  # a reply may still come: never read it as another's
-            self._put_back(connection)
             raise
-        self._put_back(connection)
-        return reply
+        finally:
+            self._put_back(connection)
 
     def give_back(self) -> None:
         """Give every kept connection back to the pool, now and as calls end (the backend
