@@ -37,6 +37,8 @@ class TcpProxy:
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
         self.reply_delay = 0.0  # seconds each chunk of a reply is held back
+        #: Set once a chunk of a reply is being held back by ``reply_delay``.
+        self.holding_back = threading.Event()
         self.drop_replies = False  # swallow the server's replies
         #: Start swallowing replies once a request containing these bytes goes by.
         self.drop_replies_from: bytes | None = None
@@ -89,6 +91,7 @@ class TcpProxy:
                 if self.silent or (replies and self.drop_replies):
                     continue
                 if replies and self.reply_delay:
+                    self.holding_back.set()
                     time.sleep(self.reply_delay)
                 sink.sendall(data)
         for end in (source, sink):

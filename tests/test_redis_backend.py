@@ -14,12 +14,14 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 import signal
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
@@ -51,6 +53,7 @@ from djlocks.models import LockEvent
 from djlocks.runlocked import EXIT_UNAVAILABLE
 from project.demo.models import FencedCounter
 from tests.faults import TcpProxy, free_port, until
+from tests.processes import fork_beside_threads
 
 pytestmark = [pytest.mark.usefixtures("store"), pytest.mark.timeout(120)]
 REDIS = "redis"
@@ -519,6 +522,77 @@ def test_scripts_the_server_forgot_are_loaded_again(private_redis: PrivateRedis)
     redis.Redis(port=private_redis.port).script_flush()
     with db_lock("r:flush", backend="private", timeout=5, renew=False) as second:
         assert second.fence > first.fence
+
+
+def test_a_forked_child_and_its_parent_never_share_a_kept_connection(
+    private_redis: PrivateRedis,
+) -> None:
+    """Both take turns at once after the fork: on one socket, one's reply would be read
+    as the other's (a wrong fence, a release that finds nothing)."""
+    take_turns("r:fork:parent", 3)
+    kept = cast(RedisBackend, backends["private"])._script_connections
+    assert kept is not None and kept._kept, "the parent keeps connections when it forks"
+    child = fork_beside_threads()
+    if child == 0:
+        signal.alarm(60)  # a child that hangs dies of SIGALRM and fails the test
+        try:
+            take_turns("r:fork:child", 300)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(12)
+        os._exit(0)
+    try:
+        take_turns("r:fork:parent", 300)
+    finally:
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "see the child's report above"
+
+
+def take_turns(name: str, turns: int) -> None:
+    """Acquire and release ``name`` on the private store ``turns`` times, each grant the
+    only holder and its fence above the last."""
+    last = 0
+    for _ in range(turns):
+        with db_lock(name, backend="private", timeout=5, renew=False) as grant:
+            assert grant.fence > last
+            assert [h.token for h in backends["private"].holders(name)] == [grant.token]
+            last = grant.fence
+
+
+def test_a_call_that_ends_after_the_backend_closed_gives_its_connection_back(
+    proxied: TcpProxy,
+) -> None:
+    store = cast(RedisBackend, backends["proxied"])
+    take_once("r:closing")
+    pool = store.redis().connection_pool
+    proxied.reply_delay = 0.5
+    calling = threading.Thread(target=take_once, args=("r:closing",))
+    calling.start()
+    assert proxied.holding_back.wait(10), "the call never waited for its reply"
+    store.close()  # while the call waits: its connection must go back when it ends
+    calling.join(10)
+    store.close()
+    assert not pool._in_use_connections, "a connection stayed out of the pool"
+
+
+def take_once(name: str) -> None:
+    with db_lock(name, backend="proxied", timeout=5, renew=False):
+        pass
+
+
+def test_a_reply_that_comes_after_its_call_gave_up_is_never_read_as_another_calls(
+    proxied: TcpProxy,
+) -> None:
+    take_once("r:gave-up:before")  # the store has connected and keeps a connection
+    proxied.reply_delay = 3  # past the store's 2 s socket time-out
+    with pytest.raises(BackendUnavailable):
+        Lock("r:gave-up", backend="proxied", ttl=2).acquire(timeout=0)
+    proxied.heal()  # the late reply is still on its way: on the old connection, it would be
+    for name in ("r:next", "r:gave-up:after"):  # read as the next call's
+        with db_lock(name, backend="proxied", timeout=5, renew=False) as grant:
+            holders = backend().holders(name)
+            assert [(h.token, h.fence) for h in holders] == [(grant.token, grant.fence)]
+    until(lambda: not backend().holders("r:gave-up"), "the orphaned grant's lease to end")
 
 
 @pytest.mark.catalogue("redis-clock-and-restart", backend="redis")
