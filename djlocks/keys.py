@@ -53,7 +53,7 @@ word starts with a letter, and a digit is not a letter. Anything else raises
   name and part. The braces are a Redis Cluster hash tag: one name, one
   cluster slot. The parts (written by the Lua scripts too): ``m`` the name's
   meta hash, ``q`` its queue, ``s:<i>`` slot i's lease, ``c:<i>`` its
-  cool-down, ``w:<id>`` a waiter's record.
+  cool-down, ``w:<id>`` a waiter's record, ``h:<id>`` its line (``lines``).
 
 ``manage.py djlocks key NAME --backend ALIAS`` prints the session backends'
 keys, so that a shell script using the ``mysql`` or ``psql`` client excludes

@@ -41,7 +41,7 @@ from django.urls import reverse
 from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
 from djlocks.backends.base import HolderInfo
-from djlocks.backends.redis import RedisBackend
+from djlocks.backends.redis import RedisBackend, script_connections
 from djlocks.backends.redis.script_connections import KEPT
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.backends.waiting import Abort
@@ -77,7 +77,7 @@ def test_lock_is_exclusive_fences_rise_and_timeouts_are_exact() -> None:
             assert not lock().acquire(timeout=0), "a second handle in the same thread"
             began = time.monotonic()
             assert not lock().acquire(timeout=0.3)
-            # Waiters wait on a local event, not on Redis's 100 ms timer tick.
+            # Waiters keep their own deadline, not Redis's 100 ms timer tick.
             assert 0.29 <= time.monotonic() - began < 0.38
     assert fences == sorted(fences) and len(set(fences)) == 3
 
@@ -223,8 +223,29 @@ def test_cancelled_acquires_leave_nothing_sync_and_async() -> None:
         assert time.monotonic() - began < 1
 
 
+@pytest.fixture(params=["line", "pub/sub"])
+def wake_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """How the tests' waiters hear of their hand-offs: each on its own line (what a
+    process's first few waiters get), or all through the process's pub/sub channel
+    (what the others get: here every waiter, as no connection is kept for lines)."""
+    if request.param == "pub/sub":
+        monkeypatch.setattr(script_connections, "KEPT", 0)
+    backends.reset()
+    yield request.param
+    backends.reset()
+
+
+def wake_path_is_up(path: str) -> bool:
+    """Whether the waiter of the test is waiting on ``path``: blocked in ``BLPOP`` on its
+    line, or subscribed to its process's channel."""
+    client = backend().redis()
+    if path == "line":
+        return any(c["cmd"] == "blpop" for c in client.client_list())
+    return bool(client.pubsub_channels(f"{backend().prefix}:wake:*"))
+
+
 @pytest.mark.catalogue("lost-wake-up", backend="redis")
-def test_a_lost_wake_up_costs_at_most_one_poll() -> None:
+def test_a_lost_wake_up_costs_at_most_one_poll(wake_path: str) -> None:
     client = backend().redis()
     holder = lock("r:wake").acquire_grant()
     assert holder is not None
@@ -236,12 +257,13 @@ def test_a_lost_wake_up_costs_at_most_one_poll() -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    deadline = time.monotonic() + 5
-    while not client.pubsub_channels(f"{backend().prefix}:wake:*"):
-        assert time.monotonic() < deadline, "the waiter never subscribed"
-        time.sleep(0.01)
-    # Cut the wake-up path: the listener's subscription connection is killed.
-    assert client.client_kill_filter(_type="pubsub") >= 1
+    until(lambda: wake_path_is_up(wake_path), f"the waiter to wait on its {wake_path}", 5)
+    # Cut the wake-up path: the waiter's line, or the listener's subscription, is killed.
+    if wake_path == "line":
+        [line] = [c for c in client.client_list() if c["cmd"] == "blpop"]
+        assert client.client_kill_filter(_id=line["id"]) == 1
+    else:
+        assert client.client_kill_filter(_type="pubsub") >= 1
     released = time.monotonic()
     holder.release()
     waiter.join(10)
@@ -250,7 +272,7 @@ def test_a_lost_wake_up_costs_at_most_one_poll() -> None:
 
 
 @override_settings(DJLOCKS={**django_settings.DJLOCKS, "POLL_INTERVAL": 60})
-def test_waiters_are_woken_at_once_when_the_path_works() -> None:
+def test_waiters_are_woken_at_once_when_the_path_works(wake_path: str) -> None:
     """The waiter's poll (60 s) and the holder's lease (60 s) both end after the
     waiter's timeout (10 s): only the release's wake-up can let it in."""
     holder = lock("r:handoff").acquire_grant()
@@ -258,18 +280,52 @@ def test_waiters_are_woken_at_once_when_the_path_works() -> None:
     got: list[float] = []
     waiter = threading.Thread(target=lambda: got.append(_acquire_and_release("r:handoff")))
     waiter.start()
-    deadline = time.monotonic() + 10
-    while not (
-        backend().redis().pubsub_channels(f"{backend().prefix}:wake:*")
-        and backend().waiters("r:handoff")
-    ):
-        assert time.monotonic() < deadline, "the waiter never subscribed and queued"
-        time.sleep(0.01)
+    until(
+        lambda: wake_path_is_up(wake_path) and backend().waiters("r:handoff"),
+        f"the waiter to queue and wait on its {wake_path}",
+        10,
+    )
     released = time.monotonic()
     holder.release()
     waiter.join(15)
     assert got, "the waiter was not woken by the release"
     assert got[0] - released < 5, "well before any poll"
+
+
+def test_more_waiters_than_lines_are_all_woken_in_turn() -> None:
+    """Eight waiters of one process: the first few wait on lines of their own, the
+    others through the process's channel; every one is handed the lock by a release
+    (the poll, 60 s, and the leases, 60 s, outlast the test)."""
+    order: list[int] = []
+    with override_settings(DJLOCKS={**django_settings.DJLOCKS, "POLL_INTERVAL": 60}):
+        holder = lock("r:crowd").acquire_grant()
+        assert holder is not None
+
+        def wait(number: int) -> None:
+            with lock("r:crowd", timeout=20):
+                order.append(number)
+
+        waiters = [threading.Thread(target=wait, args=(number,)) for number in range(8)]
+        for number, waiter in enumerate(waiters):
+            waiter.start()
+            until(lambda n=number: len(backend().waiters("r:crowd")) == n + 1, "a waiter")
+        lines = [c for c in backend().redis().client_list() if c["cmd"] == "blpop"]
+        assert len(lines) == KEPT, "the first waiters wait on lines, as many as are kept"
+        assert wake_path_is_up("pub/sub"), "the others listen on the process's channel"
+        holder.release()
+        for waiter in waiters:
+            waiter.join(15)
+    assert order == list(range(8)), "each was handed the lock in its turn"
+
+
+def test_a_line_ends_its_wait_on_time_whatever_redis_s_tick() -> None:
+    """Redis ends a blocked command only at its 100 ms tick: the line keeps its own."""
+    with lock("r:tick", timeout=0):
+        assert not lock("r:tick").acquire(timeout=0)  # from now on, a waiter queues at once
+        for _ in range(5):
+            began = time.monotonic()
+            assert not lock("r:tick").acquire(timeout=0.02)
+            assert time.monotonic() - began < 0.08
 
 
 def test_the_first_waiter_of_a_process_hears_its_wake_up() -> None:
@@ -279,9 +335,8 @@ def test_the_first_waiter_of_a_process_hears_its_wake_up() -> None:
     listener = WakeListener(backend().redis, backend().prefix)
     try:
         with listener.waiting("the-first") as wake:
-            backend().redis().publish(listener.ensure_channel(), "the-first\nwoken")
-            assert wake.event.wait(5), "the first waiter was not woken"
-            assert wake.message == "woken"
+            backend().redis().publish(wake.channel, "the-first\nwoken")
+            assert wake.wait(5) == "woken", "the first waiter was not woken"
     finally:
         listener.close()
 
@@ -499,7 +554,7 @@ def test_a_free_lock_is_tried_without_listening_for_a_wake_up(
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     until(lambda: backends["private"].waiters("r:free"), "the waiter to queue")
-    assert server.pubsub_channels(), "a waiter listens for its wake-up"
+    assert any(c["cmd"] == "blpop" for c in server.client_list()), "the waiter waits on its line"
     holder.release()
     waiter.join(10)
     assert got == [True]

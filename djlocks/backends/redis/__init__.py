@@ -13,11 +13,12 @@ cool-downs and the holder's identity.
   ticket; each waiter's record expires ``WAITER_TTL`` seconds after its last
   attempt, so a dead waiter drops out on its own.
 * A release hands the freed slot to the next live waiter in the same script
-  (the grant is made there, with its fence) and publishes it on the waiter's
-  process's channel (``wakeups``): the waiter needs no further round
-  trip. Waiters also retry every ``POLL_INTERVAL`` seconds at most, and when
-  the soonest lease or cool-down ends, and find a hand-off whose message was
-  lost in their record: a lost wake-up costs one poll, never a stranded waiter.
+  (the grant is made there, with its fence) and pushes it to the waiter's own
+  line (``lines``) or publishes it on the waiter's process's channel
+  (``wakeups``): the waiter needs no further round trip. Waiters also retry
+  every ``POLL_INTERVAL`` seconds at most, and when the soonest lease or
+  cool-down ends, and find a hand-off whose message was lost in their record:
+  a lost wake-up costs one poll, never a stranded waiter.
 * A forced release, and a graceful release's request (which caps the lease
   at the operator's wait; renewals respect the cap), publish the grant on the
   revocations channel, where every holding process listens

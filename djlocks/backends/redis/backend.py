@@ -7,12 +7,13 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
 from djlocks.backends.base import AcquireRequest, Capabilities, GrantRecord
 from djlocks.backends.redis.inspection import RedisInspection
+from djlocks.backends.redis.lines import Line
 from djlocks.backends.redis.protocol import (
     ENDED,
     LIMIT_MISMATCH,
@@ -27,10 +28,11 @@ from djlocks.backends.redis.protocol import (
     split_token,
     token_of,
 )
+from djlocks.backends.redis.wakeups import Wake
 from djlocks.backends.waiting import Abort, seconds_left
 from djlocks.conf import djlocks_settings
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable, LockLost, ReleaseRequested
-from djlocks.keys import redis_meta_key
+from djlocks.keys import redis_key, redis_meta_key
 from djlocks.moments import project_moment
 from djlocks.recent import CONTENDED_FOR, Recent
 
@@ -47,7 +49,8 @@ class RedisBackend(RedisInspection):
     (key prefix, default ``DJLOCKS["KEY_PREFIX"]``), ``wait_replicas`` and
     ``wait_timeout`` (replicas that must acknowledge each grant and renewal, Redis
     ``WAIT``: see ``replicas``). Crash release: at the TTL.
-    Waiters queue FIFO in Redis and are woken through pub/sub, with a bounded poll.
+    Waiters queue FIFO in Redis and are woken on lines of their own (``lines``) or
+    through pub/sub (``wakeups``), with a bounded poll.
     An acquire first tries, without queueing or listening for a wake-up, unless a try
     of this process found the name taken in the last ``CONTENDED_FOR`` seconds.
     """
@@ -107,31 +110,43 @@ class RedisBackend(RedisInspection):
         poll = float(djlocks_settings()["POLL_INTERVAL"])
         mode = "join"
         with (
-            self._wakeups.waiting(secret) as wake,
-            abort.cancelling(wake.event.set) if abort is not None else contextlib.nullcontext(),
+            self._woken(request.name, secret) as wake,
+            abort.cancelling(wake.cut_short) if abort is not None else contextlib.nullcontext(),
         ):
             while True:
-                attempt = self._attempt(request, secret, mode)
+                attempt = self._attempt(request, secret, mode, wake.channel)
                 if attempt.grant is not None:
                     return attempt.grant
                 left = seconds_left(deadline)
                 if left == 0 or (abort is not None and abort.is_set()):
                     return None
                 pause = min(poll, attempt.soonest if attempt.soonest is not None else poll)
-                if wake.message is None:
-                    wake.event.wait(pause if left is None else min(pause, left))
+                message = wake.wait(pause if left is None else min(pause, left))
                 if abort is not None and abort.is_set():
                     return None
-                if wake.message is not None:
+                if message is not None:
                     # Handed over after this waiter's last try ran: the lease began later.
-                    handed = self._confirmed(
-                        request, handed_grant(secret, wake.message, attempt.sent)
-                    )
+                    handed = self._confirmed(request, handed_grant(secret, message, attempt.sent))
                     if handed is not None:
                         return handed
-                    wake.message = None
-                wake.event.clear()
                 mode = "wait"
+
+    @contextlib.contextmanager
+    def _woken(self, name: str, secret: str) -> Iterator[Line | Wake]:
+        """How the waiter ``secret`` of ``name`` hears of its hand-off while the block
+        runs: its own line where a connection can be lent to it (``lines``), else this
+        process's pub/sub channel (``wakeups``)."""
+        kept = self._script_connections
+        lent = kept.lend() if kept is not None else None
+        if kept is None or lent is None:
+            with self._wakeups.waiting(secret) as wake:
+                yield wake
+            return
+        line_ttl = ms(float(djlocks_settings()["WAITER_TTL"]))
+        try:
+            yield Line(lent, redis_key(self.prefix, name, f"h:{secret}"), self.redis, line_ttl)
+        finally:
+            kept.take_back(lent)
 
     def _confirmed(self, request: AcquireRequest, handed: GrantRecord) -> GrantRecord | None:
         """``handed``, a grant a release made, once ``wait_replicas`` replicas have it:
@@ -148,7 +163,11 @@ class RedisBackend(RedisInspection):
             return None
         return dataclasses.replace(handed, expires_at=moment(expires_ms))
 
-    def _attempt(self, request: AcquireRequest, secret: str, mode: str) -> Attempt:
+    def _attempt(
+        self, request: AcquireRequest, secret: str, mode: str, channel: str = ""
+    ) -> Attempt:
+        """One acquire script in ``mode`` (``try``, ``join``, ``wait``); a queued waiter
+        is woken on ``channel``, or on its line where that is empty."""
         sent = time.monotonic()
         reply, acknowledged = self._run_acknowledged(
             "acquire",
@@ -158,7 +177,7 @@ class RedisBackend(RedisInspection):
             ms(request.ttl),
             mode,
             ms(float(djlocks_settings()["WAITER_TTL"])),
-            self._wakeups.ensure_channel() if mode != "try" else "",
+            channel,
             request.name,
             identity_json(request.identity),
         )

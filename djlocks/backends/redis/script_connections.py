@@ -83,6 +83,8 @@ class ScriptConnections:
         self._data_is_dirty = pool.cache is None and not _maintenance_notices(pool)
         self._guard = fork_safe_lock()
         self._kept: list[PoolConnection] = []
+        #: How many connections are lent to waiters' lines (``lend``).
+        self._lent = 0
         self._pid = os.getpid()
         self._closed = False
 
@@ -116,13 +118,39 @@ class ScriptConnections:
             for connection in kept:
                 self._pool.release(connection)
 
+    def lend(self) -> PoolConnection | None:
+        """A connection for a waiter's line (``lines``), to give back with ``take_back``;
+        ``None`` while as many are lent as are kept at most, or where redis-py's
+        client-side cache would read the pool's connections its own way."""
+        with self._guard:
+            self._this_process()
+            if self._pool.cache is not None or self._closed or self._lent >= self._most:
+                return None
+            self._lent += 1
+        try:
+            return self._take()
+        except BaseException:
+            with self._guard:
+                self._lent -= 1
+            raise
+
+    def take_back(self, connection: PoolConnection) -> None:
+        """A connection ``lend`` gave, its line's wait over."""
+        with self._guard:
+            self._lent -= 1
+        self._put_back(connection)
+
+    def _this_process(self) -> None:
+        """In a forked child, forget the parent's connections (call with the guard held):
+        they are the parent's (its pool starts afresh in the child; redis-py shuts no
+        socket down in a child)."""
+        if self._pid != os.getpid():
+            self._kept, self._lent, self._pid = [], 0, os.getpid()
+
     def _take(self) -> PoolConnection:
         """A kept connection, checked; else one more of the pool's (connected)."""
         with self._guard:
-            if self._pid != os.getpid():
-                # A forked child: the parent's connections are the parent's (its pool
-                # starts afresh in the child; redis-py shuts no socket down in a child).
-                self._kept, self._pid = [], os.getpid()
+            self._this_process()
             connection = self._kept.pop() if self._kept else None
         if connection is None:
             return self._pool.get_connection()
@@ -170,17 +198,17 @@ def _evalsha(
 ) -> Any:
     """``EVALSHA`` of ``script``; where the server no longer has it (a restart, ``SCRIPT
     FLUSH``), ``SCRIPT LOAD`` and run it again, as redis-py's ``Script`` does."""
-    _send(connection, ("EVALSHA", script.sha, 1, key, *args))
+    send(connection, ("EVALSHA", script.sha, 1, key, *args))
     try:
         return connection.read_response()
     except NoScriptError:
         connection.send_command("SCRIPT", "LOAD", script.script)
         connection.read_response()
-        _send(connection, ("EVALSHA", script.sha, 1, key, *args))
+        send(connection, ("EVALSHA", script.sha, 1, key, *args))
         return connection.read_response()
 
 
-def _send(connection: PoolConnection, command: tuple[str | int, ...]) -> None:
+def send(connection: PoolConnection, command: tuple[str | int, ...]) -> None:
     """Send ``command``, packed by hiredis where redis-py packs with it (what redis-py's
     ``send_command`` does, less its Python pass over the arguments, which lets bytes-like
     values other than ``bytes`` through: a script's arguments are ``str`` and ``int``)."""

@@ -1,11 +1,12 @@
-"""Wake-ups for the Redis backend's waiters: one pub/sub subscription per process.
+"""Wake-ups for the Redis backend's waiters that have no line of their own
+(``lines``): one pub/sub subscription per process.
 
 A waiter's record in Redis names this process's channel; when a release
 hands a waiter a slot, the releasing script publishes the waiter's id and the
 grant there, and the listener thread gives the grant to that waiter's
 ``Wake`` and sets its event. Waiting on a local event keeps every
 time-out exact (Redis times out blocked commands only on its ``hz`` tick,
-100 ms by default) and costs one connection per process, not one per waiter.
+100 ms by default) and costs one connection per process, however many wait.
 
 A wake-up is a hint: waiters also poll, so a message lost while the
 subscription reconnects delays a waiter by one poll, never strands it.
@@ -51,12 +52,26 @@ RECONNECT_PAUSE = 0.2  # seconds between attempts while Redis cannot be reached
 
 
 class Wake:
-    """What a waiting thread waits on: ``event`` is set when ``message`` arrives (or to
-    cut the wait short, e.g. on cancellation)."""
+    """What a waiting thread waits on: ``event`` is set when ``message`` arrives on
+    ``channel`` (or to cut the wait short, e.g. on cancellation)."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
         self.event = threading.Event()
         self.message: str | None = None
+
+    def wait(self, seconds: float) -> str | None:
+        """The message that came, waiting up to ``seconds`` for one; ``None`` if none
+        came (or the wait was cut short)."""
+        if self.message is None:
+            self.event.wait(seconds)
+        message, self.message = self.message, None
+        self.event.clear()
+        return message
+
+    def cut_short(self) -> None:
+        """End the wait now (from another thread)."""
+        self.event.set()
 
 
 class _Run:
@@ -91,23 +106,15 @@ class WakeListener:
     @contextlib.contextmanager
     def waiting(self, waiter_id: str) -> Iterator[Wake]:
         """The ``Wake`` of ``waiter_id`` while the block runs (the listener runs meanwhile)."""
-        wake = Wake()
         with self._guard:
             run = self._running()  # first, as it forgets the waiters of another process
-            self._waiting[waiter_id] = wake
+            wake = self._waiting[waiter_id] = Wake(self.channel)
         run.subscribed.wait(SUBSCRIBE_WAIT)
         try:
             yield wake
         finally:
             with self._guard:
                 self._waiting.pop(waiter_id, None)
-
-    def ensure_channel(self) -> str:
-        """This process's channel name (fixed per process; a forked child gets its own)."""
-        with self._guard:
-            if self._pid != os.getpid():
-                self._reset_for_this_process()
-            return self.channel
 
     def _reset_for_this_process(self) -> None:
         """A new process (first use, or a fork): the parent's thread did not come along."""

@@ -2,7 +2,8 @@
 -- and records the holder.
 -- ARGV: 1 secret (the grant's, and the waiter's id), 2 limit, 3 ttl ms,
 -- 4 mode ('try': never queue; 'join': queue if not granted; 'wait': already
--- queued), 5 waiter ttl ms, 6 wake-up channel, 7 name, 8 identity JSON.
+-- queued), 5 waiter ttl ms, 6 wake-up channel ('': the waiter's line), 7 name,
+-- 8 identity JSON.
 -- Returns {1, slot, fence, expires ms} | {0, ms until a slot frees or -1} |
 -- {-1, the limit other callers use}.
 local secret, limit, mode = ARGV[1], tonumber(ARGV[2]), ARGV[4]

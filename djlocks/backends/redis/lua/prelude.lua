@@ -5,7 +5,9 @@
 -- with a TTL: "<token>\n<fence>\n<since ms>\n<identity JSON>[\n<run id>]";
 -- a waiter's record "w:<secret>" (a waiter's id is its grant's secret) is
 -- "<channel>\n<since ms>\n<ttl ms>\n<identity JSON>" while it waits and
--- "granted\n<slot>\n<fence>\n<expires ms>" once a release handed it a slot.
+-- "granted\n<slot>\n<fence>\n<expires ms>" once a release handed it a slot;
+-- a waiter with no channel waits on its line "h:<secret>", a list the release
+-- pushes that grant to (BLPOP wakes it).
 -- "a:<secret>" exists while an operator asks the holder of that grant to give it
 -- back (a graceful release); it expires when the operator's wait ends.
 local meta = KEYS[1]
@@ -16,6 +18,7 @@ local function slot_key(i) return base .. 's:' .. i end
 local function cool_key(i) return base .. 'c:' .. i end
 local function waiter_key(id) return base .. 'w:' .. id end
 local function asked_key(id) return base .. 'a:' .. id end
+local function line_key(id) return base .. 'h:' .. id end
 
 -- Redis's own clock: milliseconds and microseconds since the epoch.
 local function clock()
@@ -71,9 +74,9 @@ local function grant(slot, secret, ttl_ms, identity)
 end
 
 -- Hand each free slot (neither held nor cooling) to the next live waiter: the
--- slot is granted here, the waiter's record says so, and a message on its
--- process's channel brings it the grant with no further round trip. If the
--- message is lost, the waiter finds the record at its next poll.
+-- slot is granted here, the waiter's record says so, and a push to its line
+-- (or a message on its process's channel) brings it the grant with no further
+-- round trip. If that is lost, the waiter finds the record at its next poll.
 local function hand_off()
   if redis.call('ZCARD', queue) == 0 then return end
   for i = 0, limit_of() - 1 do
@@ -89,7 +92,12 @@ local function hand_off()
       local handed = 'granted\n' .. i .. '\n' .. fence .. '\n' .. expires
       redis.call('ZREM', queue, id)
       redis.call('SET', waiter_key(id), handed, 'KEEPTTL')
-      redis.call('PUBLISH', channel, id .. '\n' .. handed)
+      if channel == '' then
+        redis.call('RPUSH', line_key(id), handed)
+        redis.call('PEXPIRE', line_key(id), ttl)
+      else
+        redis.call('PUBLISH', channel, id .. '\n' .. handed)
+      end
     end
   end
 end
