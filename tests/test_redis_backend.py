@@ -235,13 +235,19 @@ def wake_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     backends.reset()
 
 
-def wake_path_is_up(path: str) -> bool:
+def blocked_clients() -> set[str]:
+    """The ids of the clients of the shared Redis blocked in ``BLPOP`` (waiters' lines;
+    a connection whose last command was one and that now idles is not)."""
+    clients = backend().redis().client_list()
+    return {c["id"] for c in clients if c["cmd"] == "blpop" and "b" in c["flags"]}
+
+
+def wake_path_is_up(path: str, lines_before: set[str]) -> bool:
     """Whether the waiter of the test is waiting on ``path``: blocked in ``BLPOP`` on its
-    line, or subscribed to its process's channel."""
-    client = backend().redis()
+    line (a client not in ``lines_before``), or subscribed to its process's channel."""
     if path == "line":
-        return any(c["cmd"] == "blpop" for c in client.client_list())
-    return bool(client.pubsub_channels(f"{backend().prefix}:wake:*"))
+        return bool(blocked_clients() - lines_before)
+    return bool(backend().redis().pubsub_channels(f"{backend().prefix}:wake:*"))
 
 
 @pytest.mark.catalogue("lost-wake-up", backend="redis")
@@ -255,13 +261,14 @@ def test_a_lost_wake_up_costs_at_most_one_poll(wake_path: str) -> None:
         with lock("r:wake", timeout=10):
             got.append(time.monotonic())
 
+    lines_before = blocked_clients()
     waiter = threading.Thread(target=wait)
     waiter.start()
-    until(lambda: wake_path_is_up(wake_path), f"the waiter to wait on its {wake_path}", 5)
+    until(lambda: wake_path_is_up(wake_path, lines_before), f"the waiter's {wake_path}", 5)
     # Cut the wake-up path: the waiter's line, or the listener's subscription, is killed.
     if wake_path == "line":
-        [line] = [c for c in client.client_list() if c["cmd"] == "blpop"]
-        assert client.client_kill_filter(_id=line["id"]) == 1
+        [line] = blocked_clients() - lines_before
+        assert client.client_kill_filter(_id=line) == 1
     else:
         assert client.client_kill_filter(_type="pubsub") >= 1
     released = time.monotonic()
@@ -278,10 +285,11 @@ def test_waiters_are_woken_at_once_when_the_path_works(wake_path: str) -> None:
     holder = lock("r:handoff").acquire_grant()
     assert holder is not None
     got: list[float] = []
+    lines_before = blocked_clients()
     waiter = threading.Thread(target=lambda: got.append(_acquire_and_release("r:handoff")))
     waiter.start()
     until(
-        lambda: wake_path_is_up(wake_path) and backend().waiters("r:handoff"),
+        lambda: wake_path_is_up(wake_path, lines_before) and backend().waiters("r:handoff"),
         f"the waiter to queue and wait on its {wake_path}",
         10,
     )
@@ -300,6 +308,7 @@ def test_more_waiters_than_lines_are_all_woken_in_turn() -> None:
     with override_settings(DJLOCKS={**django_settings.DJLOCKS, "POLL_INTERVAL": 60}):
         holder = lock("r:crowd").acquire_grant()
         assert holder is not None
+        lines_before = blocked_clients()
 
         def wait(number: int) -> None:
             with lock("r:crowd", timeout=20):
@@ -309,9 +318,9 @@ def test_more_waiters_than_lines_are_all_woken_in_turn() -> None:
         for number, waiter in enumerate(waiters):
             waiter.start()
             until(lambda n=number: len(backend().waiters("r:crowd")) == n + 1, "a waiter")
-        lines = [c for c in backend().redis().client_list() if c["cmd"] == "blpop"]
+        lines = blocked_clients() - lines_before
         assert len(lines) == KEPT, "the first waiters wait on lines, as many as are kept"
-        assert wake_path_is_up("pub/sub"), "the others listen on the process's channel"
+        assert wake_path_is_up("pub/sub", lines_before), "the others listen on the channel"
         holder.release()
         for waiter in waiters:
             waiter.join(15)
@@ -554,7 +563,7 @@ def test_a_free_lock_is_tried_without_listening_for_a_wake_up(
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
     until(lambda: backends["private"].waiters("r:free"), "the waiter to queue")
-    assert any(c["cmd"] == "blpop" for c in server.client_list()), "the waiter waits on its line"
+    until(lambda: any("b" in c["flags"] for c in server.client_list()), "a wait on its line")
     holder.release()
     waiter.join(10)
     assert got == [True]
