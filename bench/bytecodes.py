@@ -7,8 +7,8 @@ drivers' Python alike). The count is split where the next holder of a contended
 lock waits: the part of ``acquire`` after the locking statement's reply, and the
 part of ``release`` before its statement is sent, are the *hand-off path*; the
 rest overlaps other holders' waits. The statements are the session backends'
-(``DirectStatements._run``, ``value_at_once``); for other backends only the total
-is meaningful.
+(``DirectStatements._run``, ``value_at_once``) and the Redis backend's scripts
+(``_evalsha``); for other backends only the total is meaningful.
 
 Usage: DJLOCKS_DB=postgresql|mysql python bench/bytecodes.py [alias] [--history]
 Prints one JSON document: bytecodes per pair, in each part.
@@ -39,6 +39,8 @@ from djlocks import db_lock  # noqa: E402
 
 #: The functions that send a session lock's statement and wait for its reply.
 STATEMENTS = ("_run", "value_at_once")
+#: The same for the Redis backend's scripts (its ``_run`` names the Python before one).
+REDIS_STATEMENTS = ("_evalsha",)
 PAIRS = 20
 
 
@@ -46,9 +48,10 @@ class Counting:
     """A tracer that counts opcodes per part: ``acquire`` or ``release``, then
     ``-statement`` inside a statement and ``-after`` once it returned."""
 
-    def __init__(self) -> None:
+    def __init__(self, statements: tuple[str, ...]) -> None:
         self.part = ""
         self.counts: Counter[str] = Counter()
+        self.statements = statements
 
     def begin(self, part: str) -> None:
         self.part = part
@@ -57,7 +60,7 @@ class Counting:
         frame.f_trace_opcodes = True
         if event == "opcode":
             self.counts[self.part] += 1
-        elif frame.f_code.co_name in STATEMENTS and event in ("call", "return"):
+        elif frame.f_code.co_name in self.statements and event in ("call", "return"):
             kind = self.part.split("-")[0]
             self.part = f"{kind}-statement" if event == "call" else f"{kind}-after"
         return self
@@ -70,7 +73,7 @@ def count(alias: str, history: bool, pairs: int = PAIRS) -> dict[str, Any]:
         for _ in range(50):  # warm-up: connections, prepared statements, threads
             with lock:
                 pass
-        tracer = Counting()
+        tracer = Counting(REDIS_STATEMENTS if alias.startswith("redis") else STATEMENTS)
         sys.settrace(tracer)
         try:
             for _ in range(pairs):
