@@ -40,13 +40,14 @@ from django.urls import reverse
 
 from djlocks import Lock, LockLost, Semaphore, db_lock
 from djlocks.backends import backends
-from djlocks.backends.base import HolderInfo
+from djlocks.backends.base import AcquireRequest, HolderInfo
 from djlocks.backends.redis import RedisBackend, script_connections
 from djlocks.backends.redis.script_connections import KEPT
 from djlocks.backends.redis.wakeups import WakeListener
 from djlocks.backends.waiting import Abort
 from djlocks.exceptions import AlreadyHeld, BackendUnavailable
 from djlocks.fencing import StaleFence, fenced_update
+from djlocks.identity import current_identity
 from djlocks.inspection import force_release
 from djlocks.keys import redis_key, redis_meta_key
 from djlocks.models import LockEvent
@@ -261,13 +262,18 @@ def test_a_lost_wake_up_costs_at_most_one_poll(wake_path: str) -> None:
         with lock("r:wake", timeout=10):
             got.append(time.monotonic())
 
-    lines_before = blocked_clients()
+    lines_before, lines = blocked_clients(), set()
+
+    def waiting() -> bool:
+        lines.update(blocked_clients() - lines_before)  # the same client between two waits
+        return bool(lines) if wake_path == "line" else wake_path_is_up(wake_path, lines_before)
+
     waiter = threading.Thread(target=wait)
     waiter.start()
-    until(lambda: wake_path_is_up(wake_path, lines_before), f"the waiter's {wake_path}", 5)
+    until(waiting, f"the waiter's {wake_path}", 5)
     # Cut the wake-up path: the waiter's line, or the listener's subscription, is killed.
     if wake_path == "line":
-        [line] = blocked_clients() - lines_before
+        [line] = lines
         assert client.client_kill_filter(_id=line) == 1
     else:
         assert client.client_kill_filter(_type="pubsub") >= 1
@@ -327,14 +333,59 @@ def test_more_waiters_than_lines_are_all_woken_in_turn() -> None:
     assert order == list(range(8)), "each was handed the lock in its turn"
 
 
-def test_a_line_ends_its_wait_on_time_whatever_redis_s_tick() -> None:
-    """Redis ends a blocked command only at its 100 ms tick: the line keeps its own."""
+def test_a_wait_ends_on_time_whatever_redis_s_tick(wake_path: str) -> None:
+    """Redis ends a blocked command only at its 100 ms tick: a line keeps its own."""
     with lock("r:tick", timeout=0):
         assert not lock("r:tick").acquire(timeout=0)  # from now on, a waiter queues at once
         for _ in range(5):
             began = time.monotonic()
             assert not lock("r:tick").acquire(timeout=0.02)
             assert time.monotonic() - began < 0.08
+
+
+def test_a_cancelled_line_wait_ends_at_once_without_asking_redis(
+    private_redis: PrivateRedis,
+) -> None:
+    """An abort may be set by an event loop's thread (an asyncio task cancelled), which
+    must not wait for Redis: here Redis holds back every write, as a push to the line
+    would be, and the poll (60 s) outlasts the test."""
+    server = redis.Redis(port=private_redis.port)
+    with override_settings(DJLOCKS={**django_settings.DJLOCKS, "POLL_INTERVAL": 60}):
+        holder = Lock("r:cut", backend="private", renew=False).acquire_grant()
+        assert holder is not None
+        abort, got = Abort(), []
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                Lock("r:cut", backend="private", renew=False).acquire_grant(timeout=30, abort=abort)
+            )
+        )
+        waiter.start()
+        until(lambda: any("b" in c["flags"] for c in server.client_list()), "the line's wait")
+        server.client_pause(2000, all=False)
+        began = time.monotonic()
+        abort.set()
+        assert time.monotonic() - began < 0.2, "the abort waited for Redis"
+        waiter.join(10)
+        assert got == [None]
+        holder.release()
+
+
+def test_a_hand_off_read_from_the_record_is_never_read_again_from_the_line() -> None:
+    """A release hands the slot to a waiter that is between two waits on its line; its
+    next attempt takes the grant from its record. Should that grant end before the
+    waiter reads its line (a forced release), the line must not give it back to it."""
+    request = AcquireRequest("r:stale", 1, 30, 0, current_identity(None))
+    holder = lock("r:stale").acquire_grant()
+    assert holder is not None
+    waiter = "stale-waiter"
+    assert backend()._attempt(request, waiter, "join").grant is None  # queued, on a line
+    holder.release()  # hands the slot over: to the waiter's record and its line
+    line = redis_key(backend().prefix, "r:stale", f"h:{waiter}")
+    assert backend().redis().llen(line) == 1
+    handed = backend()._attempt(request, waiter, "wait").grant
+    assert handed is not None, "the waiter's attempt finds the hand-off in its record"
+    assert not backend().redis().exists(line), "the hand-off stays on the line"
+    backend().release("r:stale", handed.token, 0)
 
 
 def test_the_first_waiter_of_a_process_hears_its_wake_up() -> None:

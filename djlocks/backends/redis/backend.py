@@ -121,7 +121,10 @@ class RedisBackend(RedisInspection):
                 if left == 0 or (abort is not None and abort.is_set()):
                     return None
                 pause = min(poll, attempt.soonest if attempt.soonest is not None else poll)
-                message = wake.wait(pause if left is None else min(pause, left))
+                wait = pause if left is None else min(pause, left)
+                # A poll may end late (a line's, on Redis's tick); a deadline or an end due
+                # sooner may not.
+                message = wake.wait(wait, exact=wait < poll)
                 if abort is not None and abort.is_set():
                     return None
                 if message is not None:
@@ -136,15 +139,15 @@ class RedisBackend(RedisInspection):
         """How the waiter ``secret`` of ``name`` hears of its hand-off while the block
         runs: its own line where a connection can be lent to it (``lines``), else this
         process's pub/sub channel (``wakeups``)."""
+        self.redis()  # after close(), the kept connections start again with the client
         kept = self._script_connections
         lent = kept.lend() if kept is not None else None
         if kept is None or lent is None:
             with self._wakeups.waiting(secret) as wake:
                 yield wake
             return
-        line_ttl = ms(float(djlocks_settings()["WAITER_TTL"]))
         try:
-            yield Line(lent, redis_key(self.prefix, name, f"h:{secret}"), self.redis, line_ttl)
+            yield Line(lent, redis_key(self.prefix, name, f"h:{secret}"), kept.refused)
         finally:
             kept.take_back(lent)
 

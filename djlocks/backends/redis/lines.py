@@ -5,95 +5,109 @@ A waiter queued with no wake-up channel waits in ``BLPOP`` on its line, the key
 there, and Redis answers the waiter's blocked read at once. No listener thread
 stands between the two, as one does for a pub/sub message (``wakeups``), which
 the listener must pass to the waiting thread: measured on a FIFO lock reduced to
-its hand-off, the relay costs about 0.15 ms of each hand-off.
+its hand-off, that relay costs about 0.15 ms of each hand-off.
 
-Redis ends a blocked command only on its ``hz`` tick (100 ms by default), so the
-line keeps the wait's end itself: it watches its socket for the seconds it was
-given, then pushes an empty entry to its own line, which ends the ``BLPOP`` at
-once, and reads the reply (a grant pushed just before that entry comes first).
-The ``BLPOP``'s own time-out, ``SERVER_SLACK`` seconds later, ends the command
-should something else arrive on the connection meanwhile (a maintenance notice of
-redis-py's RESP3 connections, which its parser handles as it reads the reply). A
-waiter cut short from another thread (``Abort``) is sent the same empty entry.
+Redis ends a blocked command's time-out only on its ``hz`` tick (100 ms by
+default). A poll may end that late; a wait that must end on time (the caller's
+deadline, a lease or cool-down about to end) watches its socket for its seconds
+and then closes its connection, which ends the ``BLPOP`` in the server. A grant
+pushed in that instant is not lost: the release wrote it in the waiter's record
+too, where the waiter's next attempt finds it, or its leaving hands it on.
 
-Each line holds a connection for its whole wait, so only a few are lent at once
-(``ScriptConnections.lend``): other waiters of the process are woken through
-pub/sub, one connection for them all.
+A wait cut short from another thread (``Abort``, e.g. an ``asyncio`` task's
+cancellation) shuts the line's socket down, which ends the read at once and
+sends nothing: the thread that cancels may be an event loop's, which must not
+wait for Redis.
+
+Each line holds one of the backend's kept connections for its whole wait
+(``ScriptConnections.lend``); a waiter that finds none kept is woken through
+pub/sub, one connection for all of a process's waiters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from redis import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from djlocks.backends.redis.protocol import text
 from djlocks.backends.redis.script_connections import PoolConnection, send
 
 line_log = logging.getLogger("djlocks.acquire")
 
-#: Seconds the server's own ``BLPOP`` time-out runs past the line's.
-SERVER_SLACK = 0.2
+#: Seconds past a poll's end that Redis may take to end its ``BLPOP`` (its tick).
+TICK = 0.11
+#: The least ``BLPOP`` time-out sent, in seconds (0 would block for good).
+SHORTEST = 0.001
 
 
 class Line:
-    """The line ``key`` of one waiter, read on ``connection`` (lent to it for the
-    wait); ``client`` pushes the empty entry that ends a wait, which expires after
-    ``entry_ttl_ms`` (milliseconds) if no read takes it."""
+    """The line ``key`` of one waiter, read on ``connection`` (lent to it for the wait)."""
 
     #: A line has no pub/sub channel: its waiter's record names none.
     channel = ""
 
     def __init__(
-        self,
-        connection: PoolConnection,
-        key: str,
-        client: Callable[[], Redis | Any],
-        entry_ttl_ms: int,
+        self, connection: PoolConnection, key: str, refused: Callable[[ResponseError], None]
     ) -> None:
         self._connection = connection
         self._key = key
-        self._client = client
-        self._entry_ttl_ms = entry_ttl_ms
-        #: Set when the wait is cut short: ends a failed line's wait too.
+        #: Told when Redis refuses ``BLPOP`` itself (an ACL without ``@blocking``).
+        self._refused = refused
+        #: Set when the wait is cut short; ``_reading`` while a read may be blocked.
         self._cut = threading.Event()
+        self._reading = False
+        self._guard = threading.Lock()
 
-    def wait(self, seconds: float) -> str | None:
-        """The grant a release pushed to the line within ``seconds`` (exactly, whatever
-        Redis's tick), or ``None``: none came, the wait was cut short, or the line's
-        connection failed (logged; the rest of ``seconds`` is waited out, and the
-        waiter's next attempt finds a grant handed meanwhile, or says Redis is down)."""
+    def wait(self, seconds: float, exact: bool) -> str | None:
+        """The grant a release pushed to the line within ``seconds``, or ``None``: none
+        came, the wait was cut short, or the line's connection failed (logged; the
+        waiter's next attempt finds a grant handed meanwhile, or says Redis is down).
+        ``exact``: end on time, not on Redis's next tick."""
         connection, began = self._connection, time.monotonic()
+        with self._guard:
+            if self._cut.is_set():
+                return None
+            self._reading = True
         try:
-            send(connection, ("BLPOP", self._key, f"{seconds + SERVER_SLACK:.3f}"))
-            if not connection.can_read(timeout=seconds):
-                self._push_empty()
-            reply = connection.read_response()
+            send(connection, ("BLPOP", self._key, f"{max(seconds, SHORTEST):.3f}"))
+            came = connection.can_read(timeout=seconds) or (
+                not exact and connection.can_read(timeout=TICK)
+            )
+            reply = connection.read_response() if came else None
+            if not came:
+                connection.disconnect()  # ends the BLPOP: its reply is never read
+        except ResponseError as exc:  # the whole reply was read: the connection is clean
+            self._refused(exc)
+            self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
+            return None
         except RedisError as exc:
             connection.disconnect()  # a reply may still come: never read it as another's
-            line_log.warning("the wake-up line %s failed (%s); its waiter polls", self._key, exc)
-            self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
+            if not self._cut.is_set():
+                line_log.warning("wake-up line %s failed (%s); its waiter polls", self._key, exc)
+                self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
             return None
         except BaseException:
             connection.disconnect()
             raise
+        finally:
+            with self._guard:
+                self._reading = False
         return (text(reply[1]) or None) if reply else None
 
     def cut_short(self) -> None:
-        """End the wait now (from another thread): an empty entry on the line. If Redis
-        cannot be reached, the wait ends at its own time."""
+        """End the wait now, from another thread, without a word to Redis: the line's
+        socket is shut down (redis-py's ``_sock``), which ends a read at once."""
         self._cut.set()
-        with contextlib.suppress(RedisError):
-            self._push_empty()
-
-    def _push_empty(self) -> None:
-        with self._client().pipeline() as pipeline:
-            pipeline.rpush(self._key, "")
-            pipeline.pexpire(self._key, self._entry_ttl_ms)
-            pipeline.execute()
+        with self._guard:
+            if not self._reading:
+                return
+            sock = getattr(self._connection, "_sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):  # closed by the waiter meanwhile
+                    sock.shutdown(socket.SHUT_RDWR)

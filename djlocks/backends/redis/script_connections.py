@@ -33,6 +33,7 @@ its connections to a new master, and a client's subclass may do more per command
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.utils import HIREDIS_AVAILABLE
 
 from djlocks.forksafe import fork_safe_lock
+
+connections_log = logging.getLogger("djlocks.acquire")
 
 if HIREDIS_AVAILABLE:
     from hiredis import pack_command
@@ -83,8 +86,10 @@ class ScriptConnections:
         self._data_is_dirty = pool.cache is None and not _maintenance_notices(pool)
         self._guard = fork_safe_lock()
         self._kept: list[PoolConnection] = []
-        #: How many connections are lent to waiters' lines (``lend``).
+        #: How many connections are lent to waiters' lines (``lend``), and whether any
+        #: may be: not where redis-py's client-side cache reads them its own way.
         self._lent = 0
+        self._lending = pool.cache is None
         self._pid = os.getpid()
         self._closed = False
 
@@ -119,20 +124,27 @@ class ScriptConnections:
                 self._pool.release(connection)
 
     def lend(self) -> PoolConnection | None:
-        """A connection for a waiter's line (``lines``), to give back with ``take_back``;
-        ``None`` while as many are lent as are kept at most, or where redis-py's
-        client-side cache would read the pool's connections its own way."""
+        """A kept connection for a waiter's line (``lines``), checked, to give back with
+        ``take_back``; ``None`` if none is kept now (the waiter is woken another way:
+        a line never borrows from the pool), or where redis-py's client-side cache
+        reads the pool's connections its own way. Lent ones count among those kept."""
         with self._guard:
             self._this_process()
-            if self._pool.cache is not None or self._closed or self._lent >= self._most:
+            if not self._lending or self._closed or not self._kept:
                 return None
             self._lent += 1
-        try:
-            return self._take()
-        except BaseException:
-            with self._guard:
-                self._lent -= 1
-            raise
+            connection = self._kept.pop()
+        return self._checked(connection)
+
+    def refused(self, error: ResponseError) -> None:
+        """Redis refused a line's ``BLPOP`` (an ACL without ``@blocking``): lend no more
+        connections to lines, and say so once."""
+        with self._guard:
+            said, self._lending = not self._lending, False
+        if not said:
+            connections_log.warning(
+                "Redis refused a waiter's BLPOP (%s); waiters are woken through pub/sub", error
+            )
 
     def take_back(self, connection: PoolConnection) -> None:
         """A connection ``lend`` gave, its line's wait over."""
@@ -154,16 +166,21 @@ class ScriptConnections:
             connection = self._kept.pop() if self._kept else None
         if connection is None:
             return self._pool.get_connection()
+        return self._checked(connection)
+
+    def _checked(self, connection: PoolConnection) -> PoolConnection:
+        """``connection``, a kept one, disconnected if it cannot be used as it is (the
+        next command connects it again)."""
         if connection.is_connected and (
             _marked_for_reconnecting(connection)
             or _closed_or_unread(connection, self._data_is_dirty)
         ):
-            connection.disconnect()  # the script connects again
+            connection.disconnect()
         return connection
 
     def _put_back(self, connection: PoolConnection) -> None:
         with self._guard:
-            keep = not self._closed and len(self._kept) < self._most
+            keep = not self._closed and len(self._kept) + self._lent < self._most
             if keep:
                 self._kept.append(connection)
         if not keep:

@@ -60,9 +60,9 @@ class Wake:
         self.event = threading.Event()
         self.message: str | None = None
 
-    def wait(self, seconds: float) -> str | None:
-        """The message that came, waiting up to ``seconds`` for one; ``None`` if none
-        came (or the wait was cut short)."""
+    def wait(self, seconds: float, exact: bool = True) -> str | None:
+        """The message that came, waiting up to ``seconds`` for one (always exactly,
+        whatever ``exact``); ``None`` if none came (or the wait was cut short)."""
         if self.message is None:
             self.event.wait(seconds)
         message, self.message = self.message, None

@@ -9,6 +9,10 @@
 local secret, limit, mode = ARGV[1], tonumber(ARGV[2]), ARGV[4]
 local record = waiter_key(secret)
 
+-- What the waiter's line holds is a hand-off this attempt reads in the record (or
+-- finds ended): never to be read again as a new one.
+if mode ~= 'try' then redis.call('DEL', line_key(secret)) end
+
 if mode == 'wait' then
   local waiting = redis.call('GET', record)
   if waiting and string.sub(waiting, 1, 8) == 'granted\n' then
