@@ -336,7 +336,7 @@ def test_more_waiters_than_lines_are_all_woken_in_turn() -> None:
 def test_a_wait_ends_on_time_whatever_redis_s_tick(wake_path: str) -> None:
     """Redis ends a blocked command only at its 100 ms tick: a line keeps its own."""
     with lock("r:tick", timeout=0):
-        assert not lock("r:tick").acquire(timeout=0)  # from now on, a waiter queues at once
+        assert not lock("r:tick").acquire(timeout=0)  # a try alone: no wait
         for _ in range(5):
             began = time.monotonic()
             assert not lock("r:tick").acquire(timeout=0.02)
