@@ -84,13 +84,13 @@ class Line:
                 connection.disconnect()  # ends the BLPOP: its reply is never read
         except ResponseError as exc:  # the whole reply was read: the connection is clean
             self._refused(exc)
-            self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
+            self._wait_out(seconds, began)
             return None
         except RedisError as exc:
             connection.disconnect()  # a reply may still come: never read it as another's
             if not self._cut.is_set():
                 line_log.warning("wake-up line %s failed (%s); its waiter polls", self._key, exc)
-                self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
+                self._wait_out(seconds, began)
             return None
         except BaseException:
             connection.disconnect()
@@ -99,6 +99,11 @@ class Line:
             with self._guard:
                 self._reading = False
         return (text(reply[1]) or None) if reply else None
+
+    def _wait_out(self, seconds: float, began: float) -> None:
+        """Sleep out the rest of a wait of ``seconds`` that began at ``began``
+        (``time.monotonic()``), unless it is cut short: the line could not serve it."""
+        self._cut.wait(max(0.0, seconds - (time.monotonic() - began)))
 
     def cut_short(self) -> None:
         """End the wait now, from another thread, without a word to Redis: the line's
